@@ -1,0 +1,5 @@
+"""`python -m sanarl ...` (and `accelerate launch -m sanarl ...`)."""
+
+from sanarl.cli import main
+
+main()

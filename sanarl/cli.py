@@ -1,0 +1,198 @@
+"""The `sanarl` command line (Typer).
+
+    sanarl --config PRESET.toml PLUGIN [--set key=value ...] [--dry-run] [--debug]    train
+    sanarl validate --config PRESET.toml PLUGIN [--set ...]                            resolve + print the plan
+    sanarl presets                                                                     list shipped presets
+
+Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sanarl.errors import UserError
+
+console = Console(stderr=True)
+out = Console()
+
+SUBCOMMANDS = ("validate", "presets")
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+ConfigOpt = Annotated[
+    str, typer.Option("--config", "-c", help="Preset TOML file (or the name of a shipped preset).")
+]
+PluginArg = Annotated[str, typer.Argument(help="Dataset plugin: dotted module or path/to/plugin.py.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: dotted.key=value (repeatable).")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")]
+
+
+def resolve_preset_path(config: str) -> Path:
+    """A file path, or the name of a shipped preset (`tiny-shapes-sft`)."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    shipped = PRESETS_DIR / f"{config.removesuffix('.toml')}.toml"
+    return shipped if shipped.is_file() else path
+
+
+def preset_summary(path: Path) -> str:
+    """First comment line of a preset (its purpose)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _guarded(debug: bool, fn, *args) -> None:
+    """Run fn; bad input -> message + exit 2, other failures -> traceback + exit 1."""
+    try:
+        fn(*args)
+    except UserError as err:
+        if debug:
+            traceback.print_exc()
+        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        raise SystemExit(err.exit_code) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
+        raise SystemExit(130) from None
+
+
+# --- train -------------------------------------------------------------------------------------------------------
+def train(
+    config: ConfigOpt, plugin: PluginArg, set_: SetOpt = None, dry_run: bool = False, debug: DebugOpt = False
+):
+    """Post-train a model with a preset and a dataset plugin."""
+    _guarded(debug, _train, config, plugin, set_, dry_run)
+
+
+def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: bool) -> None:
+    from accelerate import PartialState
+
+    from sanarl import api
+    from sanarl.config import load_config
+
+    loaded = load_config(resolve_preset_path(config), overrides or [])
+    main_process = PartialState().is_main_process
+    if main_process:
+        for note in loaded.notes:
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
+    outcome = api.train(
+        loaded,
+        plugin_spec,
+        dry_run=dry_run,
+        on_plan=lambda rows, run_dir: _print_plan(loaded.config, rows, loaded.ignored, run_dir),
+    )
+    if not main_process:
+        return
+    if outcome.result is None:
+        out.print("[bold]dry run[/]: model loaded and task built; no training step taken.")
+        return
+    out.print(f"[bold green]done[/]: {outcome.result.steps} steps -> {outcome.result.run_dir}")
+    if outcome.result.export_dir is not None:
+        out.print(f"exported model: {outcome.result.export_dir}")
+
+
+def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: Path | str) -> None:
+    table = Table(title="sanarl plan", show_header=False, title_justify="left")
+    tp = cfg.train.train_policy
+    base = [
+        ("model", cfg.policy.model_name_or_path),
+        ("task", f"{tp.type}" + (f" / {tp.trainer_type}" if tp.trainer_type else "")),
+        (
+            "LoRA",
+            "off (full fine-tune)"
+            if cfg.policy.lora is None
+            else f"r={cfg.policy.lora.r} "
+            f"alpha={cfg.policy.lora.lora_alpha} adapters={cfg.policy.lora.lora_names}",
+        ),
+        ("image size", "x".join(map(str, cfg.policy.diffusers.inference_size))),
+        ("optimizer", f"{cfg.train.optm_name} lr={cfg.train.optm_lr:g} wd={cfg.train.optm_weight_decay:g}"),
+        ("precision", cfg.train.param_dtype),
+        ("output dir", str(run_dir)),
+    ]
+    for label, value in base + rows:
+        table.add_row(label, value)
+    if ignored:
+        table.add_row("ignored keys", ", ".join(ignored))
+    out.print(table)
+
+
+# --- validate / presets ------------------------------------------------------------------------------------------
+tools = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="sanarl tools.", pretty_exceptions_enable=False
+)
+
+
+@tools.command()
+def validate(
+    config: ConfigOpt,
+    plugin: PluginArg,
+    set_: SetOpt = None,
+    world_size: Annotated[int, typer.Option(help="Ranks to plan for.")] = 1,
+    debug: DebugOpt = False,
+):
+    """Resolve preset and plugin, check the data, print the plan. Loads no model weights."""
+    _guarded(debug, _validate, config, plugin, set_, world_size)
+
+
+def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int) -> None:
+    from sanarl.config import check_plugin, load_config, resolve_plugin
+    from sanarl.models.loading import TINY_PREFIX, local_weights
+    from sanarl.tasks import task_class
+
+    loaded = load_config(resolve_preset_path(config), overrides or [])
+    cfg = loaded.config
+    plugin = resolve_plugin(plugin_spec)
+    check_plugin(plugin)
+    cls = task_class(cfg)
+    dataset = plugin.get_dataset(cfg)
+    _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), loaded.ignored, cfg.train.output_dir)
+    for note in loaded.notes:
+        out.print(f"[yellow]note:[/] {note}", highlight=False)
+    name = cfg.policy.model_name_or_path
+    if name.startswith(TINY_PREFIX):
+        out.print(f"weights: {name} is built locally on first use (no download).")
+    elif local_weights(name, cfg.policy.model_revision) is None:
+        out.print(
+            f"[yellow]warning:[/] weights for {name} are not available locally; training will stop at start. "
+            f"Run `huggingface-cli download {name}` where the Hub is reachable (and share HF_HOME), or set "
+            "`policy.model_name_or_path` to a local pipeline directory.",
+            highlight=False,
+        )
+    else:
+        out.print(f"weights: found locally for {name}.")
+    out.print("[bold green]valid[/]")
+
+
+@tools.command()
+def presets():
+    """List the shipped presets with their purpose."""
+    table = Table(title=f"presets ({PRESETS_DIR})", title_justify="left")
+    table.add_column("preset")
+    table.add_column("purpose")
+    for path in sorted(PRESETS_DIR.glob("*.toml")):
+        table.add_row(path.stem, preset_summary(path))
+    out.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: subcommands go to the tools app, anything else is a training run."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in SUBCOMMANDS:
+        tools(args, prog_name="sanarl", standalone_mode=True)
+        return
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(help=train.__doc__)(train)
+    app(args, prog_name="sanarl", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main()

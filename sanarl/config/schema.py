@@ -1,0 +1,288 @@
+"""Typed configuration schema, one dataclass per preset section.
+
+Section and key names mirror NVIDIA Cosmos-RL's diffusion recipes so their users recognise them. Every field has a
+default; a preset only states what differs. Unknown keys are rejected by the loader (see `loader.py`), except the
+Cosmos-RL infrastructure keys listed in `IGNORED_KEYS`, which are accepted and reported as ignored.
+
+Precedence: `--set` overrides > preset file > these defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoraConfig:
+    """`[policy.lora]`: present = LoRA on (only the adapters train; the base stays frozen)."""
+
+    r: int = 4
+    """LoRA rank."""
+    lora_alpha: float = 4.0
+    """LoRA scaling numerator (scale = lora_alpha / r)."""
+    init_lora_weights: bool | str = "gaussian"
+    """peft init: true (kaiming A, zero B), "gaussian", or false (random B; tests only)."""
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "attn1.to_q",
+            "attn1.to_k",
+            "attn1.to_v",
+            "attn1.to_out.0",
+            "attn2.to_q",
+            "attn2.to_k",
+            "attn2.to_v",
+            "attn2.to_out.0",
+        ]
+    )
+    """Module name suffixes that receive adapters (diffusers names)."""
+    lora_names: list[str] = field(default_factory=lambda: ["default"])
+    """Adapters to create. RL tasks use ["default", "old"]: "default" trains, "old" is the behaviour policy."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+
+
+@dataclass
+class SampleConfig:
+    """`[policy.diffusers.sample]`: how images are generated (rollout, validation, eval)."""
+
+    num_steps: int = 20
+    """Sampling steps for rollouts (RL) and training-time samples."""
+    eval_num_steps: int = 20
+    """Sampling steps for validation and `sanarl eval`."""
+    guidance_scale: float = 1.0
+    """Classifier-free guidance weight w (v = v_u + w (v_c - v_u)); 1.0 = CFG off (one forward per step)."""
+    noise_level: float = 0.0
+    """eta of the SDE / CPS samplers (0 = deterministic ODE)."""
+    solver: str = "euler"
+    """euler | dpm2 (DPM-Solver++ 2M on x0) | flow_sde | cps."""
+    deterministic_sampling: bool = True
+    """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
+    flow_shift: float | None = None
+    """Shift k of the sigma grid; None = the model's scheduler value."""
+
+
+@dataclass
+class DiffusersConfig:
+    """`[policy.diffusers]`: diffusion-specific model and objective settings."""
+
+    is_video: bool = False
+    """Video model (SANA-Video) instead of image."""
+    offload: bool = False
+    """Keep the text encoder and VAE on CPU between uses."""
+    max_prompt_length: int = 300
+    """Text-encoder token budget; the same in training, rollout and eval."""
+    inference_size: list[int] = field(default_factory=lambda: [1024, 1024])
+    """[H, W] of generated and training images."""
+    train_frames: int = 81
+    """Frames per training clip (video)."""
+    inference_frames: int = 81
+    """Frames per generated clip (video)."""
+    weighting_scheme: str = "logit_normal"
+    """Timestep density for SFT: logit_normal | mode | uniform | sigma_sqrt | cosmap."""
+    logit_mean: float = 0.0
+    """Mean of the logit-normal density."""
+    logit_std: float = 1.0
+    """Std of the logit-normal density."""
+    mode_scale: float = 1.29
+    """m of the `mode` density."""
+    timesteps_fraction: float = 0.99
+    """Fraction of the rollout grid levels trained per sample (NFT). Cosmos-RL's `timestep_fraction` is an alias."""
+    nft_beta: float = 1.0
+    """DiffusionNFT beta (mixing of the trained and old velocities)."""
+    weight_copy_decay_type: int = 1
+    """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
+    dtype: str = "float32"
+    """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
+    complex_human_instruction: bool = True
+    """SANA: prepend the pipeline's complex human instruction to prompts, as SANA's own inference does
+    (tiny word-level models set false)."""
+    caption_dropout: float = 0.0
+    """Probability of replacing a training caption by "" (enables CFG after SFT)."""
+    sample: SampleConfig = field(default_factory=SampleConfig)
+
+
+@dataclass
+class PolicyConfig:
+    """`[policy]`: which model to post-train."""
+
+    model_name_or_path: str = "sanarl-tiny:shapes"
+    """Hub id or local diffusers pipeline dir. `sanarl-tiny:<name>` builds a tiny random-init model locally."""
+    is_diffusers: bool = True
+    """The model is a diffusers pipeline (the only kind supported)."""
+    model_gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    model_revision: str | None = None
+    """Hub revision of the weights."""
+    lora: LoraConfig | None = None
+    """LoRA settings; None (no `[policy.lora]` table) = full fine-tune."""
+    diffusers: DiffusersConfig = field(default_factory=DiffusersConfig)
+
+
+@dataclass
+class RolloutConfig:
+    """`[rollout]`: generation for RL tasks."""
+
+    backend: str = "diffusers"
+    """Generation engine (only "diffusers": sanarl's own sampling loop on the diffusers model)."""
+    n_generation: int = 8
+    """Group size K: images per prompt."""
+    batch_size: int = 8
+    """Images generated per forward pass."""
+
+
+@dataclass
+class DatasetConfig:
+    """`[train.train_policy.dataset]` / `[validation.dataset]`: what the plugin loads."""
+
+    name: str = ""
+    """Dataset name understood by the plugin (e.g. a prompt-set name)."""
+    subset: str = ""
+    """Subset understood by the plugin."""
+    split: str = "train"
+    """Split: train | test | ..."""
+    local_dir: str = ""
+    """Local directory or file with the data."""
+    size: int | None = None
+    """Number of items for generated datasets (None = plugin default)."""
+
+
+@dataclass
+class RewardFnConfig:
+    """`[[train.train_policy.remote_reward.reward_fns]]`: one reward in the weighted sum."""
+
+    name: str = ""
+    weight: float = 1.0
+    score_key: str = ""
+    """Key of the reward's output to use ("" = the reward's default key)."""
+    clip_min: float | None = None
+    clip_max: float | None = None
+
+
+@dataclass
+class RemoteRewardConfig:
+    """`[train.train_policy.remote_reward]`: the reward combination (in-process or through the service)."""
+
+    reward_fns: list[RewardFnConfig] = field(default_factory=list)
+    scale: float = 1.0
+    reward_clip_min: float | None = None
+    reward_clip_max: float | None = None
+
+
+@dataclass
+class TrainPolicyConfig:
+    """`[train.train_policy]`: the task."""
+
+    type: str = "sft"
+    """sft | grpo (Cosmos-RL's name for all reward-based RL)."""
+    trainer_type: str = ""
+    """For grpo: diffusion_nft | flow_grpo; for sft: "" (plain SFT) | soar."""
+    mini_batch: int = 1
+    """Micro-batch size per forward/backward pass."""
+    kl_beta: float = 0.0
+    """Weight of the KL term to the base model (RL)."""
+    advantage_low: float = -5.0
+    """Advantage clip lower bound."""
+    advantage_high: float = 5.0
+    """Advantage clip upper bound."""
+    use_remote_reward: bool = False
+    """Score through the reward service instead of in-process."""
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
+
+
+@dataclass
+class CkptConfig:
+    """`[train.ckpt]`: checkpointing and export."""
+
+    enable_checkpoint: bool = True
+    save_freq: int = 100
+    """Save every N optimizer steps (and at the end)."""
+    max_keep: int = 3
+    """Keep the N newest checkpoints (0 = keep all)."""
+    export_safetensors: bool = True
+    """Export the final model (LoRA file or pipeline dir) at the end of the run."""
+
+
+@dataclass
+class TrainConfig:
+    """`[train]`: optimisation and run control."""
+
+    epoch: int = 1
+    seed: int = 42
+    train_batch_per_replica: int = 1
+    """Samples per optimizer step on each rank (= mini_batch x accumulation steps)."""
+    output_dir: str = "./outputs/run"
+    resume: bool | str = False
+    """false, true (newest checkpoint in output_dir) or a checkpoint path."""
+    optm_name: str = "AdamW"
+    optm_lr: float = 1e-4
+    optm_impl: str = "foreach"
+    optm_weight_decay: float = 0.01
+    optm_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    optm_grad_norm_clip: float = 1.0
+    """Max global grad norm (0 = no clipping)."""
+    optm_warmup_steps: int = 0
+    epsilon: float = 1e-8
+    """AdamW epsilon."""
+    ema_enable: bool = False
+    ema_decay: float = 0.9
+    ema_update_step_interval: int = 1
+    param_dtype: str = "float32"
+    """Mixed precision of the trained model: float32 | bfloat16 | float16."""
+    compile: bool = False
+    max_num_steps: int | None = None
+    """Stop after this many optimizer steps (None = run all epochs)."""
+    train_policy: TrainPolicyConfig = field(default_factory=TrainPolicyConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
+
+
+@dataclass
+class ValidationConfig:
+    """`[validation]`: periodic sample images."""
+
+    enable: bool = False
+    freq: int = 100
+    val_before_train: bool = False
+    batch_size: int = 8
+    num_samples: int = 16
+    """Images per validation round (saved as a grid)."""
+    dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(split="test"))
+
+
+@dataclass
+class LoggingConfig:
+    """`[logging]`."""
+
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Any of console | wandb | tensorboard."""
+    project_name: str = "sanarl"
+    experiment_name: str = ""
+    log_freq: int = 1
+    """Console / tracker logging every N steps (metrics.jsonl always gets every step)."""
+
+
+@dataclass
+class Config:
+    """A whole preset."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+IGNORED_KEYS: tuple[str, ...] = (
+    "redis",
+    "mode",
+    "train.fsdp_offload",
+    "train.fsdp_reshard_after_forward",
+    "train.async_tp_enabled",
+    "train.non_text",
+    "train.train_policy.uncentralized_training",
+)
+"""Keys (dotted paths) that only configure Cosmos-RL's own controller; accepted, reported as ignored. Any key named
+`parallelism` at any depth, and any `train.fsdp_*` key, are ignored too."""
+
+ALIASES: dict[str, str] = {"policy.diffusers.timestep_fraction": "policy.diffusers.timesteps_fraction"}
+"""Accepted spellings -> canonical key (Cosmos-RL's presets use the misspelt one)."""

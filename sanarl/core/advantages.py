@@ -1,0 +1,228 @@
+"""Advantages and reward combination (ALGORITHMS.md section 5, and the NFT `adv_mode` of section 2).
+
+Everything here is a pure function of tensors (plus one small stateful tracker whose state is only the statistics
+of its last call). NaN rewards are never handled silently: `nan_mask` finds them, and callers drop those samples
+(and, for grouped advantages, their whole prompt group if it becomes empty) before calling
+`PerPromptStatTracker.compute`, which rejects non-finite rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+STD_EPS = 1e-4
+"""Added to the std in `A = (R - mean) / (std + STD_EPS)` (Flow-GRPO / DiffusionNFT stat tracker)."""
+
+NFT_ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
+"""Accepted values of `adv_mode` in `nft_adv_transform`."""
+
+
+def _check_rewards_1d(rewards: torch.Tensor, what: str) -> None:
+    if not isinstance(rewards, torch.Tensor) or rewards.ndim != 1:
+        shape = tuple(rewards.shape) if isinstance(rewards, torch.Tensor) else type(rewards).__name__
+        raise ValueError(
+            f"{what} must be a 1-D tensor of shape [N], got {shape}; flatten it before the call."
+        )
+
+
+def group_indices(prompts: Sequence[str]) -> dict[str, list[int]]:
+    """Indices of each distinct prompt, keyed on the raw prompt string, in first-appearance order."""
+    groups: dict[str, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(prompt, []).append(i)
+    return groups
+
+
+class PerPromptStatTracker:
+    """Per-prompt advantage normaliser: `A = (R - mean_group(R)) / (std + 1e-4)`.
+
+    Groups are formed by the raw prompt string. `std` is the population std (divide by N) of all rewards of the
+    call when `global_std` is true (the published default), otherwise of the sample's own group. Stateless across
+    calls except that `stats()` reports on the most recent `compute`.
+    """
+
+    def __init__(self, global_std: bool = True) -> None:
+        self.global_std = global_std
+        self._stats: dict[str, float] = {"zero_std_ratio": 0.0, "mean_group_std": 0.0, "num_groups": 0.0}
+
+    def compute(self, prompts: Sequence[str], rewards: torch.Tensor) -> torch.Tensor:
+        """Advantages `[N]` (dtype of `rewards`) for `prompts` (N strings) and `rewards` `[N]`.
+
+        Raises ValueError when the lengths differ, `rewards` is not 1-D, or a reward is NaN/inf (drop those samples
+        first, see `nan_mask`).
+        """
+        _check_rewards_1d(rewards, "rewards")
+        if len(prompts) != rewards.shape[0]:
+            raise ValueError(
+                f"PerPromptStatTracker.compute got {len(prompts)} prompts but {rewards.shape[0]} rewards; pass one "
+                "prompt string per reward (repeat each prompt once per image of its group)."
+            )
+        if not bool(torch.isfinite(rewards).all()):
+            bad = int((~torch.isfinite(rewards)).sum())
+            raise ValueError(
+                f"PerPromptStatTracker.compute got {bad} non-finite reward(s); drop those samples before computing "
+                "advantages (use sanarl.core.advantages.nan_mask to find them)."
+            )
+        r = rewards.detach().to(torch.float64)
+        adv = torch.zeros_like(r)
+        global_sd = r.std(correction=0) if r.numel() > 0 else r.new_zeros(())
+        group_sds: list[float] = []
+        zero_groups = 0
+        for idx in group_indices(prompts).values():
+            g = r[idx]
+            group_sd = g.std(correction=0)
+            group_sds.append(float(group_sd))
+            zero_groups += int(bool((g == g[0]).all()))
+            sd = global_sd if self.global_std else group_sd
+            adv[idx] = (g - g.mean()) / (sd + STD_EPS)
+        n_groups = len(group_sds)
+        self._stats = {
+            "zero_std_ratio": zero_groups / n_groups if n_groups else 0.0,
+            "mean_group_std": sum(group_sds) / n_groups if n_groups else 0.0,
+            "num_groups": float(n_groups),
+        }
+        out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+        return adv.to(out_dtype)
+
+    def stats(self) -> dict[str, float]:
+        """Statistics of the last `compute`: zero_std_ratio (fraction of groups whose rewards are all equal),
+        mean_group_std (mean over groups of the population std), num_groups."""
+        return dict(self._stats)
+
+
+def clip_advantages(adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """`clamp(adv, low, high)` (config `advantage_low` / `advantage_high`); any shape."""
+    if low > high:
+        raise ValueError(
+            f"advantage clip range is empty: low={low} > high={high}; set advantage_low <= advantage_high."
+        )
+    return adv.clamp(low, high)
+
+
+def nft_adv_transform(adv: torch.Tensor, mode: str, clip_max: float) -> torch.Tensor:
+    """DiffusionNFT advantage transform (ALGORITHMS.md section 2, `adv_mode`); any shape, same shape out.
+
+    all: clamp(A, -C, C); positive_only: clamp(A, 0, C); negative_only: clamp(A, -C, 0); one_only: 1[A > 0];
+    binary: sign(A). C = `clip_max` (> 0).
+    """
+    if clip_max <= 0:
+        raise ValueError(f"adv_clip_max must be > 0, got {clip_max}; the published value is 5.0.")
+    if mode == "all":
+        return adv.clamp(-clip_max, clip_max)
+    if mode == "positive_only":
+        return adv.clamp(0.0, clip_max)
+    if mode == "negative_only":
+        return adv.clamp(-clip_max, 0.0)
+    if mode == "one_only":
+        return (adv > 0).to(adv.dtype)
+    if mode == "binary":
+        return torch.sign(adv)
+    raise ValueError(f"unknown adv_mode {mode!r}; use one of {', '.join(NFT_ADV_MODES)}.")
+
+
+def nan_mask(total: torch.Tensor) -> torch.Tensor:
+    """Bool mask `[B]`, true where `total` `[B]` is NaN. Callers drop these samples before computing advantages."""
+    return torch.isnan(total)
+
+
+class RewardSpecLike(Protocol):
+    """Anything with the fields of `[[train.train_policy.remote_reward.reward_fns]]` (e.g. RewardFnConfig)."""
+
+    name: str
+    weight: float
+    score_key: str
+    clip_min: float | None
+    clip_max: float | None
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One reward of the weighted sum: `clamp(scores[score_key], clip_min, clip_max) * weight`.
+
+    An empty `score_key` means the reward's own name is the key.
+    """
+
+    name: str
+    weight: float = 1.0
+    score_key: str = ""
+    clip_min: float | None = None
+    clip_max: float | None = None
+
+
+class MissingScoreKeyError(KeyError, ValueError):
+    """A reward's score_key is absent from the scores. A KeyError for dict-like callers, a ValueError otherwise."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _clamp_optional(x: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"reward clip range is empty: min={low} > max={high}; swap or fix the bounds.")
+    if low is None and high is None:
+        return x
+    return x.clamp(min=low, max=high)
+
+
+def _score_of(scores: Mapping[str, torch.Tensor], spec: RewardSpecLike) -> torch.Tensor:
+    key = spec.score_key or spec.name
+    if key not in scores:
+        raise MissingScoreKeyError(
+            f"reward {spec.name!r} reads score key {key!r}, which its scorer did not return; available keys: "
+            f"{sorted(scores)}. Set score_key of this reward_fns entry to one of them."
+        )
+    value = torch.as_tensor(scores[key])
+    if value.ndim != 1:
+        raise ValueError(
+            f"score {key!r} of reward {spec.name!r} must have shape [B], got {tuple(value.shape)}."
+        )
+    return value if value.is_floating_point() else value.float()
+
+
+def combine_rewards(
+    scores: Mapping[str, torch.Tensor],
+    fns: Sequence[RewardSpecLike],
+    *,
+    scale: float = 1.0,
+    clip_min: float | None = None,
+    clip_max: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Multi-reward combiner (ALGORITHMS.md section 5).
+
+    total = clamp(sum_i clamp(scores[key_i], clip_min_i, clip_max_i) * weight_i, clip_min, clip_max) * scale.
+    `scores` maps score keys to `[B]` tensors. Returns `(total [B], per_key)`, where per_key maps each reward name
+    to its raw score `[B]` and "avg" to the weighted sum before the final clamp and scale. NaN scores propagate
+    to `total`: find them with `nan_mask` and drop those samples.
+    """
+    if not fns:
+        raise ValueError(
+            "no rewards to combine: add at least one [[train.train_policy.remote_reward.reward_fns]]."
+        )
+    names = [spec.name for spec in fns]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(
+            f"reward names must be unique in reward_fns, repeated: {dupes}; rename or merge them."
+        )
+    if "avg" in names:
+        raise ValueError('a reward may not be named "avg" (the key of the weighted sum); rename it.')
+    per_key: dict[str, torch.Tensor] = {}
+    weighted_sum: torch.Tensor | None = None
+    for spec in fns:
+        raw = _score_of(scores, spec)
+        if weighted_sum is not None and raw.shape != weighted_sum.shape:
+            raise ValueError(
+                f"score of reward {spec.name!r} has shape {tuple(raw.shape)} but earlier rewards have "
+                f"{tuple(weighted_sum.shape)}; every reward must score the same batch."
+            )
+        per_key[spec.name] = raw
+        term = _clamp_optional(raw, spec.clip_min, spec.clip_max) * spec.weight
+        weighted_sum = term if weighted_sum is None else weighted_sum + term
+    assert weighted_sum is not None
+    per_key["avg"] = weighted_sum
+    total = _clamp_optional(weighted_sum, clip_min, clip_max) * scale
+    return total, per_key

@@ -1,0 +1,124 @@
+"""Rectified-flow conventions shared by every model family (ALGORITHMS.md section 0).
+
+One convention for the whole project:
+
+- noisy sample ``x_s = (1 - s) * x0 + s * eps`` with the noise level ``s`` (sigma) in [0, 1], ``s = 1`` pure noise;
+- velocity target ``v* = eps - x0``; clean estimate from any velocity ``x0_hat = x_s - s * v``;
+- sampling runs ``s`` from 1 down to 0 (``x' = x + v * (s' - s)`` for Euler, see ``samplers``);
+- the model sees the float timestep ``1000 * s``, never truncated to an integer.
+
+Everything here is a pure function of tensors; this module imports nothing else of sanarl.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+SigmaLike = float | Tensor
+"""A noise level: a Python float, a 0-d tensor, or a per-sample ``[B]`` tensor."""
+
+TIMESTEP_SCALE = 1000.0
+"""Model timestep per unit of sigma (``t = 1000 * s``), the scale diffusers' flow schedulers use."""
+
+
+def broadcast_sigma(s: SigmaLike, x: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Shape a noise level so it broadcasts against ``x``.
+
+    Args:
+        s: float, 0-d tensor, or ``[B]`` (or ``[1]``) tensor of noise levels.
+        x: ``[B, ...]`` tensor whose shape and device the result follows.
+        dtype: dtype of the result; default ``x.dtype``.
+
+    Returns:
+        ``[B, 1, ..., 1]`` (or ``[1, ..., 1]`` for a scalar) tensor with ``x.ndim`` dims on ``x.device``.
+    """
+    s_t = torch.as_tensor(s, dtype=dtype or x.dtype, device=x.device)
+    if s_t.ndim == 0:
+        return s_t.reshape([1] * x.ndim)
+    if s_t.ndim != 1 or s_t.shape[0] not in (1, x.shape[0]):
+        raise ValueError(
+            f"sigma of shape {tuple(s_t.shape)} does not match a batch of shape {tuple(x.shape)}: pass a float, "
+            f"a 0-d tensor or a [B] tensor with B = {x.shape[0]}."
+        )
+    return s_t.reshape([s_t.shape[0]] + [1] * (x.ndim - 1))
+
+
+def interpolate(x0: Tensor, eps: Tensor, s: SigmaLike) -> Tensor:
+    """Forward (noising) process of rectified flow: ``x_s = (1 - s) x0 + s eps``.
+
+    Args:
+        x0: ``[B, ...]`` clean latents.
+        eps: ``[B, ...]`` standard normal noise, same shape as ``x0``.
+        s: float or ``[B]`` noise levels in [0, 1]; ``s = 0`` returns ``x0``, ``s = 1`` returns ``eps``.
+
+    Returns:
+        ``[B, ...]`` noisy latents in ``x0.dtype``.
+    """
+    s_b = broadcast_sigma(s, x0)
+    return (1 - s_b) * x0 + s_b * eps
+
+
+def velocity_target(x0: Tensor, eps: Tensor) -> Tensor:
+    """Flow-matching regression target ``v* = eps - x0`` (``d x_s / d s``), shape ``[B, ...]``."""
+    return eps - x0
+
+
+def x0_from_velocity(x_s: Tensor, s: SigmaLike, v: Tensor) -> Tensor:
+    """Clean estimate implied by a velocity: ``x0_hat = x_s - s v``.
+
+    Args:
+        x_s: ``[B, ...]`` noisy latents at level ``s``.
+        s: float or ``[B]`` noise levels.
+        v: ``[B, ...]`` velocity prediction.
+
+    Returns:
+        ``[B, ...]``; exact (``x0``) when ``v = eps - x0`` and ``x_s`` lies on the straight path.
+    """
+    return x_s - broadcast_sigma(s, x_s) * v
+
+
+def shift_sigmas(u: Tensor | float, k: float) -> Tensor | float:
+    """Timestep shift of SD3 (Esser et al. 2024, eq. 23): ``shift(u, k) = k u / (1 + (k - 1) u)``.
+
+    Maps [0, 1] onto [0, 1] monotonically, keeping 0 and 1 fixed; ``k > 1`` spends more of the grid at high
+    noise, ``k = 1`` is the identity. Works elementwise on tensors of any shape (or on a float).
+    """
+    if k <= 0:
+        raise ValueError(f"shift k must be > 0 (got {k}); use 1.0 for no shift.")
+    return k * u / (1 + (k - 1) * u)
+
+
+def sigma_grid(num_steps: int, shift: float, *, device: torch.device | str | None = None) -> Tensor:
+    """Sampling grid of noise levels, from 1 down to 0.
+
+    ``u = linspace(1, 1/N, N)`` (N levels, equally spaced, the last one 1/N), then ``s = shift(u, k)``,
+    then a terminal ``0`` appended. This is exactly the grid of diffusers' ``FlowMatchEulerDiscreteScheduler``
+    (``shift = k``, no dynamic shifting) after ``set_timesteps(sigmas=linspace(1, 1/N, N))``: that call shifts the
+    given sigmas once and appends 0. (Calling ``set_timesteps(N)`` without sigmas instead starts from the
+    scheduler's already shifted ``sigma_max/min`` and shifts again; sanarl never relies on that.)
+
+    Args:
+        num_steps: N >= 1, the number of solver steps.
+        shift: k > 0 (SD3.5: 3.0; SANA: its scheduler's ``flow_shift``).
+        device: where to put the result.
+
+    Returns:
+        ``[N + 1]`` float32 tensor, ``grid[0] = 1``, ``grid[N] = 0``, strictly decreasing.
+        E.g. N = 4, k = 3: ``[1, 0.9, 0.75, 0.5, 0]``.
+    """
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(
+            f"num_steps must be an integer >= 1 (got {num_steps}); set sample.num_steps to e.g. 10."
+        )
+    u = torch.linspace(1.0, 1.0 / num_steps, int(num_steps), dtype=torch.float64)
+    s = shift_sigmas(u, float(shift))
+    grid = torch.cat([s, torch.zeros(1, dtype=torch.float64)])
+    return grid.to(dtype=torch.float32, device=device)
+
+
+def model_timestep(s: Tensor | float) -> Tensor | float:
+    """Model-facing timestep ``1000 * s`` as a float (never truncated); a tensor comes back as float32."""
+    if isinstance(s, Tensor):
+        return s.to(torch.float32) * TIMESTEP_SCALE
+    return float(s) * TIMESTEP_SCALE

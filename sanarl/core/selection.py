@@ -1,0 +1,77 @@
+"""Draft selection for the Sol-RL rollout families (ALGORITHMS.md section 3).
+
+From M scored drafts of one prompt, keep k. Every mode returns exactly k distinct indices, sorted in increasing
+order, as a CPU LongTensor (index CUDA tensors with it directly). Ties are broken by index: among equal rewards
+the lower index counts as the better one and also as the worse one, so the result is deterministic.
+
+Modes:
+- best_worst: the top `k // 2` plus the bottom `k - k // 2` by reward, the bottom taken from the drafts not already
+  in the top (the public code can pick one index twice on ties; here never).
+- random: k drafts uniformly without replacement.
+- mean_deviation: the k drafts with the largest `|r - mean(r)|`.
+- extremes_random: `h = k // 2` drafts by best_worst(h) (the extremes), then the other `k - h` uniformly without
+  replacement from the drafts not yet chosen (the middle). With k = 1 this is one random draft.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
+
+
+def _best_worst(r: torch.Tensor, k: int) -> torch.Tensor:
+    """Unsorted indices: top k//2 (descending, ties -> lower index) then bottom k - k//2 of the rest."""
+    n_top = k // 2
+    top = torch.argsort(-r, stable=True)[:n_top]
+    taken = torch.zeros(r.shape[0], dtype=torch.bool)
+    taken[top] = True
+    ascending = torch.argsort(r, stable=True)
+    bottom = ascending[~taken[ascending]][: k - n_top]
+    return torch.cat([top, bottom])
+
+
+def _random_from(candidates: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    perm = torch.randperm(candidates.shape[0], generator=generator)
+    return candidates[perm[:k]]
+
+
+def _extremes_random(r: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    extremes = _best_worst(r, k // 2)
+    taken = torch.zeros(r.shape[0], dtype=torch.bool)
+    taken[extremes] = True
+    middle = torch.nonzero(~taken).flatten()
+    return torch.cat([extremes, _random_from(middle, k - extremes.shape[0], generator)])
+
+
+def select_indices(
+    rewards: torch.Tensor, k: int, mode: str, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Choose k of M drafts by `mode` (see the module docstring).
+
+    rewards: `[M]` finite scores of one prompt's drafts. generator: a CPU generator for the random modes.
+    Returns a LongTensor `[k]` of distinct indices in increasing order. Raises ValueError for k < 1, k > M, an
+    unknown mode or NaN rewards.
+    """
+    if rewards.ndim != 1:
+        raise ValueError(f"select_indices needs rewards of shape [M], got {tuple(rewards.shape)}.")
+    m = rewards.shape[0]
+    if k < 1 or k > m:
+        raise ValueError(
+            f"cannot keep k={k} of {m} drafts: k must be in [1, {m}]; raise the number of drafts per prompt or "
+            "lower the number kept."
+        )
+    if mode not in SELECTION_MODES:
+        raise ValueError(f"unknown selection mode {mode!r}; use one of {', '.join(SELECTION_MODES)}.")
+    r = rewards.detach().to("cpu", torch.float64)
+    if bool(torch.isnan(r).any()):
+        raise ValueError("select_indices got NaN rewards; drop or re-score those drafts before selecting.")
+    if mode == "best_worst":
+        idx = _best_worst(r, k)
+    elif mode == "random":
+        idx = _random_from(torch.arange(m), k, generator)
+    elif mode == "mean_deviation":
+        idx = torch.argsort(-(r - r.mean()).abs(), stable=True)[:k]
+    else:
+        idx = _extremes_random(r, k, generator)
+    return torch.sort(idx).values

@@ -1,0 +1,123 @@
+"""Run metrics: `metrics.jsonl` (one JSON object per optimizer step), console, and optional wandb / tensorboard.
+
+Only the main process writes. wandb and tensorboard are imported lazily; asking for one that is not installed
+fails at start with the pip command to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    """Fan-out of scalar metrics to the configured sinks."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        loggers: list[str],
+        *,
+        project: str,
+        experiment: str,
+        config: dict[str, Any],
+        enabled: bool = True,
+        resume: bool = False,
+    ) -> None:
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self._wandb = None
+        self._tb = None
+        if not enabled:
+            return
+        if not resume and self.path.exists():
+            self.path.unlink()
+        if "wandb" in loggers:
+            self._wandb = _start_wandb(project, experiment or run_dir.name, config, run_dir)
+        if "tensorboard" in loggers:
+            self._tb = _start_tensorboard(run_dir / "tensorboard")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append one step's metrics (non-finite values are written as null in the JSON)."""
+        if not self.enabled:
+            return
+        clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
+        if self._tb is not None:
+            for k, v in clean.items():
+                if v is not None:
+                    self._tb.add_scalar(k, v, step)
+
+    def log_image(self, step: int, key: str, path: Path) -> None:
+        """Send a saved image (sample grid) to wandb / tensorboard."""
+        if not self.enabled:
+            return
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({key: wandb.Image(str(path))}, step=step)
+        if self._tb is not None:
+            import numpy as np
+            from PIL import Image
+
+            self._tb.add_image(key, np.asarray(Image.open(path).convert("RGB")), step, dataformats="HWC")
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _start_wandb(project: str, name: str, config: dict[str, Any], run_dir: Path):
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError(
+            "`logging.logger` includes wandb but it is not installed: pip install wandb"
+        ) from None
+    return wandb.init(project=project, name=name, config=config, dir=str(run_dir))
+
+
+def _start_tensorboard(log_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError(
+            "`logging.logger` includes tensorboard but it is not installed: pip install tensorboard"
+        ) from None
+    return SummaryWriter(str(log_dir))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path | None:
+    """Line plots of `keys` against step (one panel each); None when no key has data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    present = [k for k in keys if any(r.get(k) is not None for r in records)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], present, strict=True):
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

@@ -1,0 +1,135 @@
+"""The model seam: one small interface every family adapter implements.
+
+Runners and tasks only talk to `DiffusionAdapter`; timestep scaling, text masks, pooled embeddings, latent
+normalisation and CFG batching live inside the family adapters (sana.py, ...). Conventions (ALGORITHMS.md section 0):
+images are float [B, 3, H, W] in [0, 1]; `velocity(x_s, s, cond)` predicts `eps - x0` at noise level `s` in [0, 1].
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Cond:
+    """Prompt conditioning of a batch. embeds [B, L, D]; mask [B, L] (1 = token); pooled [B, P] or None."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor | None = None
+    pooled: torch.Tensor | None = None
+
+    def _map(self, fn) -> Cond:
+        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+    def select(self, index: torch.Tensor | slice | list[int]) -> Cond:
+        """Rows `index` of every tensor."""
+        return self._map(lambda t: None if t is None else t[index])
+
+    def repeat_interleave(self, k: int) -> Cond:
+        """Each row repeated k times in place: [a, b] -> [a]*k + [b]*k."""
+        return self._map(lambda t: None if t is None else t.repeat_interleave(k, dim=0))
+
+    def expand_to(self, batch: int) -> Cond:
+        """A one-row Cond broadcast to `batch` rows."""
+        if len(self) == batch:
+            return self
+        if len(self) != 1:
+            raise ValueError(f"cannot expand a Cond of {len(self)} rows to {batch}")
+        return self._map(lambda t: None if t is None else t.expand(batch, *t.shape[1:]))
+
+    def to(self, device: torch.device | str) -> Cond:
+        return self._map(lambda t: None if t is None else t.to(device))
+
+    @staticmethod
+    def cat(conds: list[Cond]) -> Cond:
+        """Concatenate along the batch dimension."""
+        first = conds[0]
+        out = {}
+        for f in fields(first):
+            parts = [getattr(c, f.name) for c in conds]
+            out[f.name] = None if parts[0] is None else torch.cat(parts, dim=0)
+        return Cond(**out)
+
+
+class DiffusionAdapter(ABC):
+    """Base class of family adapters.
+
+    Subclasses set `transformer`, `pipeline` (the loaded diffusers pipeline, components shared) and implement
+    `encode_prompts`, `_forward` (the raw model call), `encode_images`, `decode`, `latent_shape`.
+    `forward_module` is what training calls (the transformer, or its DDP wrapper once the runner prepared it).
+    """
+
+    family: str = ""
+    pipeline_cls: type | None = None
+    default_lora_targets: tuple[str, ...] = ()
+
+    transformer: nn.Module
+    pipeline: object
+    device: torch.device
+    default_shift: float = 1.0
+
+    def __init__(self) -> None:
+        self.forward_module: nn.Module | None = None
+
+    # --- family-specific ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """prompts -> Cond (no grad; the text encoder is frozen)."""
+
+    @abstractmethod
+    def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """The raw model call with the family's timestep scaling and conditioning."""
+
+    @abstractmethod
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """images [B,3,H,W] in [0,1] -> latents (the family's normalisation applied)."""
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents -> images [B,3,H,W] in [0,1]."""
+
+    @abstractmethod
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """Per-sample latent shape (C, h, w) for an image of height x width."""
+
+    # --- shared -------------------------------------------------------------------------------------------------
+    def velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """v_theta(x_s, s, c): x [B, ...], s [B] (or scalar) in [0, 1] -> float32 velocity like x."""
+        s = torch.as_tensor(s, device=x.device, dtype=torch.float32)
+        if s.ndim == 0:
+            s = s.expand(x.shape[0])
+        module = self.forward_module if self.forward_module is not None else self.transformer
+        return self._forward(module, x, s, cond.expand_to(x.shape[0])).float()
+
+    def guided_velocity(
+        self, x: torch.Tensor, s: torch.Tensor, cond: Cond, uncond: Cond | None, guidance_scale: float
+    ) -> torch.Tensor:
+        """CFG velocity v_u + w (v_c - v_u), batching both branches in one forward; w == 1 -> v_c only."""
+        if uncond is None or guidance_scale == 1.0:
+            return self.velocity(x, s, cond)
+        batch = x.shape[0]
+        s = torch.as_tensor(s, device=x.device, dtype=torch.float32).expand(batch)
+        both = Cond.cat([uncond.expand_to(batch), cond.expand_to(batch)])
+        v = self.velocity(torch.cat([x, x]), torch.cat([s, s]), both)
+        v_u, v_c = v.chunk(2)
+        return v_u + guidance_scale * (v_c - v_u)
+
+    def trainable_module(self) -> nn.Module:
+        """The module whose parameters post-training changes."""
+        return self.transformer
+
+    def save_pipeline(self, directory: str | Path) -> None:
+        """Write a diffusers pipeline directory (`DiffusionPipeline.from_pretrained(dir)` loads it)."""
+        self.pipeline.save_pretrained(str(directory))
+
+    def save_lora(self, directory: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
+        """Write a diffusers-loadable LoRA file (`pipe.load_lora_weights(dir)`)."""
+        self.pipeline_cls.save_lora_weights(str(directory), transformer_lora_layers=state_dict)

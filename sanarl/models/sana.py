@@ -1,0 +1,108 @@
+"""SANA / SANA 1.5 image adapter (diffusers `SanaPipeline`: SanaTransformer2DModel, DC-AE, Gemma-2).
+
+Latents: `z = vae.encode(2x - 1).latent * scaling_factor` (DC-AE, or sanarl's pixel-space PixelAutoencoder for the
+tiny CPU model). The transformer is called with the float timestep `1000 * s * timestep_scale` and the text mask as
+`encoder_attention_mask`, exactly as `SanaPipeline.__call__` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from diffusers import SanaPipeline
+from torch import nn
+
+from sanarl.config.schema import PolicyConfig
+from sanarl.models import pixel_ae  # noqa: F401  (diffusers loads the tiny models' VAE by this module name)
+from sanarl.models.base import Cond, DiffusionAdapter
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SanaAdapter(DiffusionAdapter):
+    """Adapter over a loaded SanaPipeline; the transformer is the trained module."""
+
+    family = "sana"
+    pipeline_cls = SanaPipeline
+    default_lora_targets = (
+        "attn1.to_q",
+        "attn1.to_k",
+        "attn1.to_v",
+        "attn1.to_out.0",
+        "attn2.to_q",
+        "attn2.to_k",
+        "attn2.to_v",
+        "attn2.to_out.0",
+    )
+
+    def __init__(self, pipeline: SanaPipeline, policy: PolicyConfig, device: torch.device) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.transformer = pipeline.transformer
+        self.vae = pipeline.vae
+        self.text_encoder = pipeline.text_encoder
+        self.device = device
+        self.max_prompt_length = policy.diffusers.max_prompt_length
+        self.use_chi = policy.diffusers.complex_human_instruction
+        sched = pipeline.scheduler.config
+        self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
+
+    @classmethod
+    def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SanaAdapter:
+        """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`."""
+        dtype = DTYPES[policy.diffusers.dtype]
+        pipe = SanaPipeline.from_pretrained(str(directory), dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        if dtype != torch.float32:  # the trained module keeps float32 master weights
+            pipe.transformer.to(dtype=torch.float32)
+        pipe.transformer.to(device)
+        pipe.vae.to(device)
+        pipe.text_encoder.to(device)
+        for module in (pipe.vae, pipe.text_encoder):
+            module.requires_grad_(False).eval()
+        return cls(pipe, policy, device)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """Gemma-2 hidden states [B, L, D] and mask [B, L], as SanaPipeline.encode_prompt computes them."""
+        kwargs = {} if self.use_chi else {"complex_human_instruction": None}
+        embeds, mask, _, _ = self.pipeline.encode_prompt(
+            list(prompts),
+            do_classifier_free_guidance=False,
+            device=self.device,
+            max_sequence_length=self.max_prompt_length,
+            **kwargs,
+        )
+        return Cond(embeds=embeds, mask=mask)
+
+    def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        scale = self.transformer.config.timestep_scale
+        dtype = next(self.transformer.parameters()).dtype
+        out = module(
+            x.to(dtype),
+            encoder_hidden_states=cond.embeds.to(dtype),
+            encoder_attention_mask=cond.mask,
+            timestep=1000.0 * s * scale,
+            return_dict=False,
+        )[0]
+        if self.transformer.config.out_channels // 2 == self.transformer.config.in_channels:
+            out = out.chunk(2, dim=1)[0]  # learned-sigma heads: keep the velocity half
+        return out
+
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
+        return self.vae.encode(x).latent.float() * self.vae.config.scaling_factor
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        z = (latents / self.vae.config.scaling_factor).to(self.vae.dtype)
+        x = self.vae.decode(z).sample.float()
+        return ((x + 1.0) / 2.0).clamp(0.0, 1.0)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        f = self.pipeline.vae_scale_factor
+        if height % f or width % f:
+            raise ValueError(f"image size {height}x{width} is not divisible by the VAE factor {f}")
+        return (self.transformer.config.in_channels, height // f, width // f)

@@ -1,0 +1,169 @@
+"""Tiny random-init pipelines built from config: the embedded CPU model and the test models.
+
+They are built once into the local cache (`$SANARL_CACHE/tiny/<name>-v<version>`), then loaded through the same
+`from_pretrained` path real weights use. No network, milliseconds to build.
+
+- `shapes`: the embedded default. SanaTransformer2DModel (6 layers, width 128, patch 4, sin-cos positions,
+  ~1.8M params) diffusing in pixel space through the exactly invertible PixelAutoencoder, 32x32 px, with a frozen
+  random-init Gemma-2 caption encoder (1 layer, width 64) and a word-level tokenizer over the shapes vocabulary.
+- `sana-dcae`: the same family with a tiny learned-architecture DC-AE (random init), for tests of the real SANA path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from sanarl.errors import WeightsError
+from sanarl.models.loading import cache_dir
+
+TINY_VERSION = 1
+
+SHAPES_VOCABULARY: tuple[str, ...] = tuple(
+    """a an the and of to with on in at is are there photo image picture
+    left right above below top bottom next beside under over side
+    circle circles square squares triangle triangles shape shapes object objects
+    red green blue yellow orange purple cyan magenta white gray black pink brown
+    one two three four five six zero no single pair
+    small large big""".split()
+)
+"""Words of the tiny tokenizer; anything else maps to <unk> (a test checks every shapes caption is covered)."""
+
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
+
+
+def word_tokenizer(words: tuple[str, ...] = SHAPES_VOCABULARY):
+    """A lower-casing word-level fast tokenizer (works in any text-encoder slot)."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for word in words:
+        vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>"
+    )
+
+
+def _gemma(vocab_size: int, hidden: int):
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=hidden // 2,
+        pad_token_id=0,
+    )
+    return Gemma2Model(cfg)
+
+
+def build_shapes_pipeline(seed: int = 0):
+    """The embedded default model (pixel-space tiny SANA, 32x32)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
+
+    from sanarl.models.pixel_ae import PixelAutoencoder
+
+    torch.manual_seed(seed)
+    tokenizer = word_tokenizer()
+    transformer = SanaTransformer2DModel(
+        in_channels=3,
+        out_channels=3,
+        num_attention_heads=4,
+        attention_head_dim=32,
+        num_layers=6,
+        num_cross_attention_heads=4,
+        cross_attention_head_dim=32,
+        cross_attention_dim=128,
+        caption_channels=64,
+        sample_size=8,
+        patch_size=4,
+        interpolation_scale=1,
+    )
+    return SanaPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_gemma(len(tokenizer), 64),
+        vae=PixelAutoencoder(in_channels=3, factor=1),
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+    )
+
+
+def build_sana_dcae_pipeline(seed: int = 0):
+    """Tiny SANA with a random-init DC-AE (factor 4, 4 latent channels) for tests of the real SANA path."""
+    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
+
+    torch.manual_seed(seed)
+    tokenizer = word_tokenizer()
+    vae = AutoencoderDC(
+        in_channels=3,
+        latent_channels=4,
+        attention_head_dim=2,
+        encoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+        decoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+        encoder_block_out_channels=(8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8),
+        encoder_layers_per_block=(1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1),
+        encoder_qkv_multiscales=((), (), (5,)),
+        decoder_qkv_multiscales=((), (), (5,)),
+        scaling_factor=0.41,
+    )
+    transformer = SanaTransformer2DModel(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=2,
+        num_cross_attention_heads=2,
+        cross_attention_head_dim=8,
+        cross_attention_dim=16,
+        caption_channels=32,
+        sample_size=8,
+        patch_size=1,
+    )
+    return SanaPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_gemma(len(tokenizer), 32),
+        vae=vae,
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )
+
+
+TINY_BUILDERS: dict[str, Callable] = {"shapes": build_shapes_pipeline, "sana-dcae": build_sana_dcae_pipeline}
+
+
+def ensure_tiny_pipeline(name: str) -> Path:
+    """Directory of the tiny pipeline `name`, built atomically into the cache on first use."""
+    if name not in TINY_BUILDERS:
+        raise WeightsError(
+            f"unknown tiny model `sanarl-tiny:{name}` in `policy.model_name_or_path`; known: "
+            + ", ".join(f"sanarl-tiny:{k}" for k in TINY_BUILDERS)
+        )
+    target = cache_dir() / "tiny" / f"{name}-v{TINY_VERSION}"
+    if (target / "model_index.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        TINY_BUILDERS[name]().save_pretrained(str(staging))
+        os.replace(staging, target)
+    except OSError:
+        if not (target / "model_index.json").is_file():  # a concurrent builder won the rename: fine
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,116 @@
+"""The task seam: what a post-training method supplies to the shared runner (runner.py).
+
+A task owns its data source (dataset or rollouts) and its objective; the runner owns the loop (accumulation,
+clipping, optimizer, LR schedule, EMA, checkpoints, validation, logging). Tasks never branch on the model family.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sanarl.config.schema import Config
+from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
+from sanarl.models.base import DiffusionAdapter
+
+
+class Task(ABC):
+    """Base of SFT / NFT / GRPO / SOAR tasks."""
+
+    lora_names: tuple[str, ...] = ("default",)
+
+    def __init__(
+        self, cfg: Config, adapter: DiffusionAdapter, plugin, *, rank: int = 0, world: int = 1
+    ) -> None:
+        self.cfg = cfg
+        self.adapter = adapter
+        self.plugin = plugin
+        self.rank = rank
+        self.world = world
+        self.uses_lora = cfg.policy.lora is not None
+
+    # --- model setup --------------------------------------------------------------------------------------------
+    def setup_model(self) -> None:
+        """Freeze the base; add LoRA adapters when `[policy.lora]` is present, else train the whole transformer."""
+        module = self.adapter.trainable_module()
+        lora = self.cfg.policy.lora
+        if lora is None:
+            module.requires_grad_(True)
+        else:
+            module.requires_grad_(False)
+            names = list(dict.fromkeys([*lora.lora_names, *self.lora_names]))
+            add_lora_adapters(
+                module,
+                names,
+                r=lora.r,
+                alpha=lora.lora_alpha,
+                init=lora.init_lora_weights,
+                target_modules=lora.target_modules,
+                dropout=lora.lora_dropout,
+            )
+        if self.cfg.policy.model_gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):
+            module.enable_gradient_checkpointing()
+        module.train()
+
+    def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.adapter.trainable_module().named_parameters() if p.requires_grad]
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold of the model: all LoRA adapters, or the full transformer."""
+        module = self.adapter.trainable_module()
+        if self.uses_lora:
+            return {k: v.detach() for k, v in lora_parameters(module).items()}
+        return module.state_dict()
+
+    @torch.no_grad()
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        module = self.adapter.trainable_module()
+        missing, unexpected = module.load_state_dict(tensors, strict=False)
+        expected = set(self.state_tensors())
+        lost = [k for k in expected if k not in tensors]
+        if lost or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the model: missing {lost[:4]}, unexpected {unexpected[:4]}"
+            )
+
+    def export(self, directory: Path) -> None:
+        """LoRA -> diffusers LoRA file (`load_lora_weights`); full fine-tune -> pipeline dir (`from_pretrained`)."""
+        if self.uses_lora:
+            state = diffusers_lora_state_dict(self.adapter.trainable_module(), "default")
+            self.adapter.save_lora(directory, state)
+        else:
+            self.adapter.save_pipeline(directory)
+
+    # --- the method ---------------------------------------------------------------------------------------------
+    @abstractmethod
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one pass over the data (or one epoch of prompts)."""
+
+    @abstractmethod
+    def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+        """The micro-batches of optimizer step `step` on this rank (SFT: data; RL: a rollout)."""
+
+    @abstractmethod
+    def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss of one micro-batch (before division by the number of micro-batches) and its metrics."""
+
+    def after_optimizer_step(self, step: int) -> dict[str, float]:
+        """Hook after each optimizer step (e.g. old-adapter decay); returns extra metrics."""
+        return {}
+
+    def validation_prompts(self, count: int) -> list[str]:
+        """Prompts for validation grids: the plugin's validation set, else the first training prompts."""
+        dataset = None
+        if hasattr(self.plugin, "get_val_dataset"):
+            dataset = self.plugin.get_val_dataset(self.cfg)
+        if dataset is None:
+            dataset = self.train_dataset
+        return [dataset[i]["prompt"] for i in range(min(count, len(dataset)))]
+
+    @staticmethod
+    @abstractmethod
+    def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
+        """(label, value) rows of the run's arithmetic, computed without a model (`sanarl validate`)."""

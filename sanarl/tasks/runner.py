@@ -1,0 +1,284 @@
+"""The shared training loop, built on `accelerate.Accelerator`.
+
+Per optimizer step: the task yields micro-batches; each loss is divided by their number before backward (so
+accumulation over micro-batches equals one big batch), gradients are clipped, the optimizer and LR schedule step,
+then the task hook and the EMA run. Every step appends one JSON object to `metrics.jsonl`. Checkpoints every
+`train.ckpt.save_freq` steps hold everything resume needs; data order and noise are pure functions of
+(seed, step, rank), so a resumed run continues exactly like an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from sanarl.config.loader import config_to_dict
+from sanarl.config.schema import Config
+from sanarl.core.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from sanarl.core.ema import EMA
+from sanarl.core.images import save_grid
+from sanarl.core.tracking import MetricsLogger, plot_metrics
+from sanarl.errors import UserError
+from sanarl.tasks.base import Task
+from sanarl.tasks.data import step_generator
+from sanarl.tasks.sampling import GenerationSpec, generate_images
+
+MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass
+class RunResult:
+    """What a finished run left behind."""
+
+    run_dir: Path
+    steps: int
+    last_metrics: dict[str, float]
+    export_dir: Path | None
+
+
+def build_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD from `[train]`; `optm_impl` = foreach | fused | for-loop."""
+    t = cfg.train
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(t.optm_impl, {"foreach": False})
+    if t.optm_name == "SGD":
+        return torch.optim.SGD(params, lr=t.optm_lr, weight_decay=t.optm_weight_decay, **impl)
+    cls = torch.optim.AdamW if t.optm_name == "AdamW" else torch.optim.Adam
+    return cls(
+        params,
+        lr=t.optm_lr,
+        betas=tuple(t.optm_betas),
+        eps=t.epsilon,
+        weight_decay=t.optm_weight_decay,
+        **impl,
+    )
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warmup_steps`, then constant."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+
+
+def prepare_run_dir(output_dir: str) -> Path:
+    """Create the run directory or fail with exit code 2 when it is not writable."""
+    run_dir = Path(output_dir).expanduser()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(
+            f'`train.output_dir = "{output_dir}"` is not writable ({err.strerror}); choose another directory '
+            "with `--set train.output_dir=...`."
+        ) from None
+    return run_dir
+
+
+class Runner:
+    """Owns the loop; the task owns data and objective."""
+
+    def __init__(self, cfg: Config, task: Task, accelerator: Accelerator, run_dir: Path) -> None:
+        self.cfg, self.task, self.acc, self.run_dir = cfg, task, accelerator, run_dir
+        self.console = Console()
+        self.ckpt_root = run_dir / "checkpoints"
+        named = task.trainable_parameters()
+        if not named:
+            raise UserError(
+                "nothing to train: no parameter requires grad (check [policy.lora].target_modules)."
+            )
+        self.params = [p for _, p in named]
+        self.optimizer = build_optimizer(cfg, self.params)
+        self.scheduler = warmup_schedule(self.optimizer, cfg.train.optm_warmup_steps)
+        self.ema = (
+            EMA(named, decay=cfg.train.ema_decay, interval=cfg.train.ema_update_step_interval)
+            if (cfg.train.ema_enable)
+            else None
+        )
+        adapter = task.adapter
+        adapter.forward_module = accelerator.prepare(adapter.trainable_module())
+        self.optimizer = accelerator.prepare(self.optimizer)
+        self.total_steps = self._total_steps()
+        self.start_step = 0
+
+    def _total_steps(self) -> int:
+        t = self.cfg.train
+        total = t.epoch * self.task.steps_per_epoch()
+        return min(total, t.max_num_steps) if t.max_num_steps is not None else total
+
+    # --- checkpoints --------------------------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        ckpt = self.cfg.train.ckpt
+        if not (ckpt.enable_checkpoint and self.acc.is_main_process):
+            return
+        tensors = {"model": self.task.state_tensors()}
+        if self.ema is not None:
+            tensors["ema"] = dict(zip(self.ema.names, self.ema.shadow, strict=True))
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        save_checkpoint(
+            self.ckpt_root, step, tensors, state, {"world_size": self.acc.num_processes}, ckpt.max_keep
+        )
+
+    def maybe_resume(self) -> None:
+        try:
+            path = resolve_resume(self.cfg.train.resume, self.ckpt_root)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        if path is None:
+            return
+        tensors, state, meta = load_checkpoint(path)
+        if meta.get("world_size", 1) != self.acc.num_processes:
+            raise UserError(
+                f"checkpoint {path} was written by {meta.get('world_size')} processes but this run has "
+                f"{self.acc.num_processes}; resume with the same world size (the data order depends on it)."
+            )
+        self.task.load_state_tensors(tensors["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and "ema" in tensors:
+            self.ema.shadow = [tensors["ema"][n].clone() for n in self.ema.names]
+        self.start_step = int(meta["step"])
+        self.console.print(f"[bold]resumed[/] from {path} at step {self.start_step}")
+
+    # --- one step -----------------------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        rng = step_generator(self.cfg.train.seed, step, self.acc.process_index)
+        t0 = time.perf_counter()
+        micro = self.task.micro_batches(step, rng)
+        t1 = time.perf_counter()
+        sums: dict[str, float] = {}
+        module = self.task.adapter.forward_module
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            sync = contextlib.nullcontext() if last else self.acc.no_sync(module)
+            with sync, self.acc.autocast():
+                loss, metrics = self.task.objective(batch, rng)
+                self.acc.backward(loss / len(micro))
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v / len(micro)
+        clip = self.cfg.train.optm_grad_norm_clip
+        grad_norm = self.acc.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums.update(self.task.after_optimizer_step(step + 1))
+        if self.ema is not None:
+            self.ema.update(self.params, step)
+        t2 = time.perf_counter()
+        samples = self.cfg.train.train_batch_per_replica * self.acc.num_processes
+        sums.update(
+            grad_norm=float(grad_norm),
+            lr=self.scheduler.get_last_lr()[0],
+            time_data=t1 - t0,
+            time_train=t2 - t1,
+            samples_per_s=samples / max(t2 - t0, 1e-9),
+        )
+        return sums
+
+    # --- validation and export ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """Swap the EMA weights in (eval and export use them), restore after."""
+        if self.ema is None:
+            yield
+            return
+        backup = [p.detach().clone() for p in self.params]
+        self.ema.copy_to(self.params)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, b in zip(self.params, backup, strict=True):
+                    p.copy_(b)
+
+    @torch.no_grad()
+    def validate(self, step: int, logger: MetricsLogger) -> Path | None:
+        val = self.cfg.validation
+        if not self.acc.is_main_process:
+            return None
+        prompts = self.task.validation_prompts(val.num_samples)
+        spec = GenerationSpec.from_sample_config(
+            self.cfg.policy.diffusers.sample,
+            self.task.adapter,
+            self.cfg.policy.diffusers.inference_size,
+            evaluation=True,
+        )
+        seeds = [self.cfg.train.seed + i for i in range(len(prompts))]
+        module = self.task.adapter.trainable_module()
+        module.eval()
+        with self.ema_weights():
+            images = generate_images(self.task.adapter, prompts, seeds, spec, batch_size=val.batch_size)
+        module.train()
+        path = save_grid(images, prompts, self.run_dir / "samples" / f"step_{step:08d}.png")
+        logger.log_image(step, "samples", path)
+        return path
+
+    def export(self) -> Path | None:
+        if not (self.cfg.train.ckpt.export_safetensors and self.acc.is_main_process):
+            return None
+        target = self.run_dir / "export"
+        target.mkdir(parents=True, exist_ok=True)
+        with self.ema_weights():
+            self.task.export(target)
+        return target
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg, acc = self.cfg, self.acc
+        self.maybe_resume()
+        logger = MetricsLogger(
+            self.run_dir,
+            cfg.logging.logger,
+            project=cfg.logging.project_name,
+            experiment=cfg.logging.experiment_name,
+            config=config_to_dict(cfg),
+            enabled=acc.is_main_process,
+            resume=self.start_step > 0,
+        )
+        val = cfg.validation
+        if val.enable and val.val_before_train and self.start_step == 0:
+            self.validate(0, logger)
+        metrics: dict[str, float] = {}
+        columns = (
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+        )
+        with Progress(*columns, console=self.console, disable=not acc.is_main_process) as bar:
+            job = bar.add_task("train", total=self.total_steps, completed=self.start_step, info="")
+            for step in range(self.start_step, self.total_steps):
+                metrics = self.train_step(step)
+                done = step + 1
+                logger.log(done, metrics)
+                if done % cfg.logging.log_freq == 0 or done == self.total_steps:
+                    bar.update(job, completed=done, info=_short(metrics))
+                if done % cfg.train.ckpt.save_freq == 0 and done < self.total_steps:
+                    self.save(done)
+                if val.enable and done % val.freq == 0 and done < self.total_steps:
+                    self.validate(done, logger)
+        self.save(self.total_steps)
+        if val.enable:
+            self.validate(self.total_steps, logger)
+        export_dir = self.export()
+        if acc.is_main_process:
+            plot_metrics(
+                logger.path, self.run_dir / "metrics.png", ["loss", "reward_mean", "grad_norm", "lr"]
+            )
+        logger.close()
+        acc.wait_for_everyone()
+        return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
+
+
+def _short(metrics: dict[str, float]) -> str:
+    keys = [k for k in ("loss", "reward_mean", "grad_norm", "samples_per_s") if k in metrics]
+    return "  ".join(f"{k}={metrics[k]:.4g}" for k in keys)

@@ -1,0 +1,92 @@
+"""Image generation on any adapter: the one sampling path shared by validation, rollouts and `sanarl eval`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sanarl.config.schema import SampleConfig
+from sanarl.core.flow import sigma_grid
+from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
+from sanarl.models.base import Cond, DiffusionAdapter
+
+
+@dataclass
+class GenerationSpec:
+    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W]."""
+
+    num_steps: int
+    guidance_scale: float
+    solver: str
+    eta: float
+    shift: float
+    height: int
+    width: int
+
+    @classmethod
+    def from_sample_config(
+        cls, sample: SampleConfig, adapter: DiffusionAdapter, size: list[int], *, evaluation: bool
+    ) -> GenerationSpec:
+        deterministic = sample.deterministic_sampling and sample.solver in ("flow_sde", "cps")
+        return cls(
+            num_steps=sample.eval_num_steps if evaluation else sample.num_steps,
+            guidance_scale=sample.guidance_scale,
+            solver="euler" if deterministic else sample.solver,
+            eta=0.0 if deterministic else sample.noise_level,
+            shift=sample.flow_shift if sample.flow_shift is not None else adapter.default_shift,
+            height=size[0],
+            width=size[1],
+        )
+
+
+@torch.no_grad()
+def generate_latents(
+    adapter: DiffusionAdapter,
+    cond: Cond,
+    seeds: list[int],
+    spec: GenerationSpec,
+    *,
+    uncond: Cond | None = None,
+    return_trajectory: bool = False,
+    window: tuple[int, int] | None = None,
+) -> SampleOutput:
+    """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1."""
+    shape = adapter.latent_shape(spec.height, spec.width)
+    x, generators = initial_noise(shape, seeds, device=adapter.device)
+    sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
+    if spec.guidance_scale != 1.0 and uncond is None:
+        uncond = adapter.encode_prompts([""])
+
+    def velocity(x_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return adapter.guided_velocity(x_t, s, cond, uncond, spec.guidance_scale)
+
+    return sample_loop(
+        velocity,
+        x,
+        sigmas,
+        solver=spec.solver,
+        eta=spec.eta,
+        generators=generators,
+        return_trajectory=return_trajectory,
+        window=window,
+    )
+
+
+@torch.no_grad()
+def generate_images(
+    adapter: DiffusionAdapter,
+    prompts: list[str],
+    seeds: list[int],
+    spec: GenerationSpec,
+    *,
+    batch_size: int = 16,
+) -> torch.Tensor:
+    """Images [N, 3, H, W] in [0, 1] for prompts[i] with seeds[i], in chunks of `batch_size`."""
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = slice(start, start + batch_size)
+        cond = adapter.encode_prompts(prompts[chunk])
+        latents = generate_latents(adapter, cond, seeds[chunk], spec).latents
+        out.append(adapter.decode(latents).cpu())
+    return torch.cat(out)

@@ -1,0 +1,98 @@
+"""SFT and LoRA-SFT: flow matching on (image, caption) pairs (ALGORITHMS.md section 1).
+
+loss = mean_B( w(s) * mean_CHW (v_theta(x_s, s, c) - (eps - x0))^2 ),  x_s = (1 - s) x0 + s eps,
+s = shift(u) with u from the configured timestep density. LoRA on or off is decided by `[policy.lora]` alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sanarl.core.flow import interpolate, velocity_target
+from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
+from sanarl.datasets.common import collate as default_collate
+from sanarl.errors import DataError
+from sanarl.tasks.base import Task
+from sanarl.tasks.data import split_batch, step_indices
+
+
+class SFTTask(Task):
+    """Supervised flow-matching fine-tune on the plugin's `{"prompt", "image"}` items."""
+
+    def __init__(self, cfg, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+        super().__init__(cfg, adapter, plugin, rank=rank, world=world)
+        self.train_dataset = plugin.get_dataset(cfg)
+        if len(self.train_dataset) == 0:
+            raise DataError(
+                f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
+            )
+        self.collate = getattr(plugin, "collate", default_collate)
+        self.diff = cfg.policy.diffusers
+        sample = self.diff.sample
+        self.shift = sample.flow_shift if sample.flow_shift is not None else adapter.default_shift
+
+    def steps_per_epoch(self) -> int:
+        return max(1, len(self.train_dataset) // (self.cfg.train.train_batch_per_replica * self.world))
+
+    def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+        train = self.cfg.train
+        idx = step_indices(
+            len(self.train_dataset),
+            train.seed,
+            step,
+            rank=self.rank,
+            world=self.world,
+            per_rank=train.train_batch_per_replica,
+        )
+        batch = self.collate([self.train_dataset[i] for i in idx])
+        if "image" not in batch:
+            raise DataError(
+                f"plugin `{self.plugin.__name__}` returned items without an `image` for SFT; SFT items are "
+                '{"prompt": str, "image": FloatTensor[3,H,W] in [0,1]} (docs/plugins.md).'
+            )
+        batch.update(self._draw_noise(len(idx), tuple(batch["image"].shape[-2:]), rng))
+        return split_batch(batch, train.train_policy.mini_batch)
+
+    def _draw_noise(self, count: int, size: tuple[int, int], rng: torch.Generator) -> dict[str, torch.Tensor]:
+        """Per-sample randomness of a step, drawn for the whole batch at once so that any micro-batch split gives
+        the same numbers: timestep u [B], noise eps [B, *latent], caption keep mask [B]."""
+        diff = self.diff
+        u = sample_u(
+            diff.weighting_scheme,
+            count,
+            generator=rng,
+            logit_mean=diff.logit_mean,
+            logit_std=diff.logit_std,
+            mode_scale=diff.mode_scale,
+        )
+        eps = torch.randn((count, *self.adapter.latent_shape(*size)), generator=rng)
+        keep = torch.rand(count, generator=rng) >= diff.caption_dropout
+        return {"u": u, "eps": eps, "keep_caption": keep}
+
+    def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        adapter, diff = self.adapter, self.diff
+        x0 = adapter.encode_images(batch["image"])
+        prompts = [p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)]
+        cond = adapter.encode_prompts(prompts)
+        s = u_to_sigma(batch["u"], self.shift).to(x0.device)
+        eps = batch["eps"].to(x0.device)
+        v = adapter.velocity(interpolate(x0, eps, s), s, cond)
+        per_sample = (v - velocity_target(x0, eps)).pow(2).flatten(1).mean(1)
+        loss = (loss_weight(diff.weighting_scheme, s) * per_sample).mean()
+        return loss, {"loss": loss.item(), "sigma_mean": s.mean().item()}
+
+    @staticmethod
+    def describe(cfg, dataset_size: int, world: int) -> list[tuple[str, str]]:
+        """The batch arithmetic, without loading a model (used by `sanarl validate`)."""
+        train = cfg.train
+        bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
+        per_epoch = max(1, dataset_size // (bpr * world))
+        total = train.epoch * per_epoch
+        if train.max_num_steps is not None:
+            total = min(total, train.max_num_steps)
+        return [
+            ("dataset items", str(dataset_size)),
+            ("batch per rank / micro-batch", f"{bpr} / {mb} -> {bpr // mb} micro-batches per step"),
+            ("global batch", f"{bpr} x {world} rank(s) = {bpr * world}"),
+            ("steps", f"{per_epoch} per epoch x {train.epoch} epoch(s) -> {total} optimizer steps"),
+        ]

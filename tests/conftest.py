@@ -1,0 +1,32 @@
+"""Shared test setup: an isolated model cache (tiny pipelines build once per session) and no Hub access."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Tiny pipelines are built into a per-session cache unless SANARL_CACHE points somewhere already."""
+    os.environ.setdefault("SANARL_CACHE", str(tmp_path_factory.mktemp("sanarl-cache")))
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run the sanarl CLI in-process: returns (exit code, stdout, stderr)."""
+    from sanarl.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

@@ -1,0 +1,147 @@
+"""Numerical checks of the SOAR targets (ALGORITHMS.md section 6, checks of section 8)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sanarl.core.soar_math import (
+    SOAR_STEP_KINDS,
+    aux_sigmas,
+    corrective_target,
+    renoise_toward,
+    soar_normaliser,
+    soar_step,
+)
+
+
+def _data(seed: int = 0, shape: tuple[int, ...] = (2, 3, 4, 4)) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(
+        shape, generator=gen, dtype=torch.float64
+    )
+
+
+def _path(z0: torch.Tensor, z1: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    s_b = s.reshape(-1, *([1] * (z0.ndim - 1)))
+    return (1 - s_b) * z0 + s_b * z1
+
+
+def test_on_path_point_gives_exact_velocity() -> None:
+    z0, z1 = _data()
+    s0 = torch.tensor([0.8, 0.5], dtype=torch.float64)
+    s1 = torch.tensor([0.6, 0.3], dtype=torch.float64)
+    # path 0 with the oracle velocity z1 - z0 lands on the true path at s1
+    z1p = soar_step("ode", _path(z0, z1, s0), z1 - z0, s0, s1, 0.5)
+    torch.testing.assert_close(z1p, _path(z0, z1, s1), rtol=0, atol=1e-12)
+    s_prime = aux_sigmas(s1, s0, 6, 1.5, torch.Generator().manual_seed(0))
+    for p in range(6):
+        z_prime = renoise_toward(z1p, z1, s1, s_prime[:, p])
+        torch.testing.assert_close(z_prime, _path(z0, z1, s_prime[:, p]), rtol=0, atol=1e-12)
+        torch.testing.assert_close(corrective_target(z_prime, z0, s_prime[:, p]), z1 - z0, rtol=0, atol=1e-11)
+
+
+def test_renoise_by_hand_and_at_s1_one() -> None:
+    z1p, z1 = torch.full((2, 1, 1, 1), 2.0), torch.full((2, 1, 1, 1), -1.0)
+    # sample 0: a = (0.7 - 0.4) / 0.6 = 0.5 -> 0.5; sample 1: a = 0 -> z1'
+    out = renoise_toward(z1p, z1, torch.tensor([0.4, 0.4]), torch.tensor([0.7, 0.4]))
+    assert out.flatten().tolist() == pytest.approx([0.5, 2.0])
+    at_one = renoise_toward(z1p, z1, torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]))
+    assert at_one.flatten().tolist() == [-1.0, -1.0]  # no NaN: a = 1, the noise itself
+
+
+def test_corrective_target_by_hand() -> None:
+    z_prime = torch.tensor([1.0, 3.0]).reshape(2, 1, 1, 1)
+    z0 = torch.tensor([0.0, 1.0]).reshape(2, 1, 1, 1)
+    out = corrective_target(z_prime, z0, torch.tensor([0.5, 0.25]))
+    assert out.flatten().tolist() == [2.0, 8.0]
+    with pytest.raises(ValueError, match="s' > 0"):
+        corrective_target(z_prime, z0, torch.tensor([0.5, 0.0]))
+
+
+def test_aux_sigma_bounds() -> None:
+    s0 = torch.tensor([0.9, 0.5, 0.2, 0.05])
+    s1 = torch.tensor([0.875, 0.475, 0.175, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    sp = aux_sigmas(s1, s0, 4000, 1.5, gen)
+    assert sp.shape == (4, 4000)
+    upper = torch.tensor([1.0, 0.75, 0.3, 0.075])  # min(1.5 s0, 1)
+    assert bool((sp >= s1[:, None]).all()) and bool((sp <= upper[:, None]).all())
+    # the draws fill the interval: extremes near both ends, mean near the midpoint
+    span = upper - s1
+    assert bool((sp.min(1).values - s1 < 0.01 * span).all())
+    assert bool((upper - sp.max(1).values < 0.01 * span).all())
+    torch.testing.assert_close(sp.mean(1), (s1 + upper) / 2, rtol=0, atol=0.03)
+    # same generator seed -> same draws; ratio 1 keeps s' in [s1, s0]
+    torch.testing.assert_close(
+        aux_sigmas(s1, s0, 5, 1.5, torch.Generator().manual_seed(3)),
+        aux_sigmas(s1, s0, 5, 1.5, torch.Generator().manual_seed(3)),
+    )
+    sp1 = aux_sigmas(s1, s0, 500, 1.0, gen)
+    assert bool((sp1 <= s0[:, None]).all())
+
+
+def test_aux_sigma_errors() -> None:
+    s = torch.tensor([0.5])
+    with pytest.raises(ValueError, match="trajectory_length"):
+        aux_sigmas(s - 0.1, s, 0, 1.5)
+    with pytest.raises(ValueError, match="ratio >= 1"):
+        aux_sigmas(s - 0.1, s, 2, 0.5)
+
+
+def test_soar_steps_by_hand() -> None:
+    z, v, noise = (torch.tensor([x]).reshape(1, 1, 1, 1).double() for x in (1.0, 0.5, 2.0))
+    s0, s1 = torch.tensor([0.8]).double(), torch.tensor([0.6]).double()
+    got = {k: float(soar_step(k, z, v, s0, s1, 0.5, noise)) for k in SOAR_STEP_KINDS}
+    # dt = -0.2
+    assert got["ode"] == pytest.approx(0.9)
+    assert got["simple"] == pytest.approx(0.9 + 0.5 * math.sqrt(0.2) * 2)
+    assert got["sde"] == pytest.approx(0.4 * (1 - 0.8 * 0.5) + 0.6 * 2)
+    # flow_sde: std = sqrt(0.8 / 0.2) * 0.5 = 1; mean = (1 - 0.2 / 1.6) + 0.5 (1 + 0.2 / 1.6)(-0.2) = 0.7625
+    assert got["flow_sde"] == pytest.approx(0.7625 + math.sqrt(0.2) * 2)
+    # cps: std = 0.6 sin(pi / 4); x0_hat = 0.6, x1_hat = 1.1; sqrt(0.36 - std^2) = std
+    std = 0.6 * math.sin(math.pi / 4)
+    assert got["cps"] == pytest.approx(0.4 * 0.6 + std * 1.1 + std * 2)
+
+
+@pytest.mark.parametrize("kind", ["flow_sde", "cps"])
+def test_zero_noise_scale_is_euler(kind: str) -> None:
+    z, v = _data(1)
+    noise = torch.randn_like(z)
+    s0 = torch.tensor([0.9, 0.4], dtype=torch.float64)
+    s1 = torch.tensor([0.7, 0.0], dtype=torch.float64)
+    euler = soar_step("ode", z, v, s0, s1, 0.0)
+    # flow_sde / cps run in float32 (sanarl.core.samplers)
+    torch.testing.assert_close(soar_step(kind, z, v, s0, s1, 0.0, noise), euler, rtol=0, atol=1e-6)
+
+
+def test_flow_sde_guard_at_s0_one() -> None:
+    z, v, noise = (torch.ones(1, 1, 1, 1, dtype=torch.float64) for _ in range(3))
+    out = soar_step("flow_sde", z, v, torch.tensor([1.0]).double(), torch.tensor([0.75]).double(), 0.5, noise)
+    # std = sqrt(1 / (1 - 0.75)) * 0.5 = 1; mean = 1 + 1 / 2 * (-0.25) + 1 * (1 + 0) * (-0.25) = 0.625
+    assert float(out) == pytest.approx(0.625 + 1.0 * 0.5 * 1.0)
+    with pytest.raises(ValueError, match="share one s1"):
+        z2 = torch.ones(2, 1, 1, 1)
+        soar_step("flow_sde", z2, z2, torch.tensor([1.0, 1.0]), torch.tensor([0.75, 0.5]), 0.5, z2)
+
+
+def test_soar_step_errors() -> None:
+    z = torch.zeros(1, 1, 1, 1)
+    with pytest.raises(ValueError, match="unknown SOAR step type 'euler'"):
+        soar_step("euler", z, z, 0.5, 0.4, 0.5, z)
+    with pytest.raises(ValueError, match="needs noise"):
+        soar_step("sde", z, z, 0.5, 0.4, 0.5)
+    with pytest.raises(ValueError, match="s1 <= s0"):
+        soar_step("simple", z, z, 0.4, 0.5, 0.5, z)
+    with pytest.raises(ValueError, match="s1 <= s0"):
+        soar_step("simple", z, z, 0.4, -0.1, 0.5, z)
+
+
+def test_normaliser() -> None:
+    assert soar_normaliser(8, 48, 1.0) == 56.0  # 8 samples, P = 6, M = 1
+    assert soar_normaliser(3, 4, 0.5) == 5.0
+    assert soar_normaliser(0, 0, 1.0) == 1.0
+    assert float(soar_normaliser(torch.tensor(0.0), torch.tensor(1.0), 0.5)) == 1.0
+    assert float(soar_normaliser(torch.tensor(2.0), torch.tensor(6.0), 2.0)) == 14.0
