@@ -32,24 +32,31 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*Expected types for.*")
 
 
+def _accelerator(mixed_precision: str, cpu: bool):
+    """An Accelerator for this run. Several runs in one process (tests, notebooks) may differ in precision:
+    accelerate keeps its state process-wide, so that part is reset (the process group is kept)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+
+
 def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_plan=None) -> TrainOutcome:
     """Resolve the plugin, load the model, build the task and run it (or stop after the plan when dry_run)."""
     import torch
-    from accelerate import Accelerator
 
     from sanarl.models import load_adapter
     from sanarl.tasks import task_class
-    from sanarl.tasks.runner import MIXED_PRECISION, Runner, prepare_run_dir
+    from sanarl.tasks.runner import MIXED_PRECISION, Runner, check_writable, prepare_run_dir
 
     quiet_libraries()
     cfg = loaded.config
     plugin = resolve_plugin(plugin_spec)
     check_plugin(plugin)
     cls = task_class(cfg)
-    acc = Accelerator(mixed_precision=MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
-    run_dir = prepare_run_dir(cfg.train.output_dir)
-    if acc.is_main_process:
-        (run_dir / "config.toml").write_text(dump_toml(cfg))
+    acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
+    run_dir = check_writable(cfg.train.output_dir)
     torch.manual_seed(cfg.train.seed)
     adapter = load_adapter(cfg.policy, acc.device)
     task = cls(cfg, adapter, plugin, rank=acc.process_index, world=acc.num_processes)
@@ -59,4 +66,11 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
         on_plan(plan, run_dir)
     if dry_run:
         return TrainOutcome(task, None, plan)
-    return TrainOutcome(task, Runner(cfg, task, acc, run_dir).run(), plan)
+    runner = Runner(
+        cfg, task, acc, run_dir
+    )  # resolves train.resume: a bad path fails before anything is written
+    if acc.is_main_process:
+        prepare_run_dir(cfg.train.output_dir)
+        (run_dir / "config.toml").write_text(dump_toml(cfg))
+    acc.wait_for_everyone()
+    return TrainOutcome(task, runner.run(), plan)

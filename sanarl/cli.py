@@ -136,20 +136,38 @@ def validate(
     config: ConfigOpt,
     plugin: PluginArg,
     set_: SetOpt = None,
-    world_size: Annotated[int, typer.Option(help="Ranks to plan for.")] = 1,
+    world_size: Annotated[
+        int | None,
+        typer.Option(help="Ranks to plan for (default: the preset's Cosmos-RL policy.parallelism, else 1)."),
+    ] = None,
     debug: DebugOpt = False,
 ):
     """Resolve preset and plugin, check the data, print the plan. Loads no model weights."""
     _guarded(debug, _validate, config, plugin, set_, world_size)
 
 
-def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int) -> None:
+def planned_world_size(path: Path) -> int:
+    """Data-parallel size a preset was written for: Cosmos-RL's `[policy.parallelism]` dp_shard_size x
+    dp_replicate_size (ignored for execution, used for planning), else 1."""
+    import tomllib
+
+    try:
+        par = tomllib.loads(path.read_text()).get("policy", {}).get("parallelism", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return 1
+    sizes = [par.get(k, 1) for k in ("dp_shard_size", "dp_replicate_size")]
+    return max(1, sizes[0] * sizes[1]) if all(isinstance(v, int) and v > 0 for v in sizes) else 1
+
+
+def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None) -> None:
     from sanarl.config import check_plugin, load_config, resolve_plugin
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.tasks import task_class
 
-    loaded = load_config(resolve_preset_path(config), overrides or [])
+    path = resolve_preset_path(config)
+    loaded = load_config(path, overrides or [])
     cfg = loaded.config
+    world_size = world_size or planned_world_size(path)
     plugin = resolve_plugin(plugin_spec)
     check_plugin(plugin)
     cls = task_class(cfg)

@@ -662,6 +662,41 @@ def _check_grpo(cfg: Config) -> None:
         )
     if tp.trainer_type == "diffusion_nft":
         _at_least(cfg.policy.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
+    _check_rollout_family(cfg)
+    _one_of(
+        tp.adv_mode,
+        "train.train_policy.adv_mode",
+        ("all", "positive_only", "negative_only", "one_only", "binary"),
+    )
+    _require(
+        tp.advantage_high > 0,
+        f"train.train_policy.advantage_high = {tp.advantage_high} must be > 0 (it is DiffusionNFT's adv_clip_max C).",
+    )
+
+
+def _check_rollout_family(cfg: Config) -> None:
+    ro = cfg.rollout
+    _one_of(
+        ro.family, "rollout.family", ("diffusionnft", "naive_scaling", "compile", "naive_quant", "sol_rl")
+    )
+    _one_of(ro.selection, "rollout.selection", ("best_worst", "random", "mean_deviation", "extremes_random"))
+    _one_of(ro.preview_precision, "rollout.preview_precision", ("nvfp4", "fp8", "bf16"))
+    _at_least(ro.reward_workers, "rollout.reward_workers", 0)
+    _at_least(ro.reward_deadline_s, "rollout.reward_deadline_s", 0, strict=True)
+    m, k = ro.num_candidates, ro.n_generation
+    if ro.family != "diffusionnft":
+        _require(
+            m >= k,
+            f"rollout.family = {ro.family!r} searches over rollout.num_candidates = M drafts per prompt and keeps "
+            f"rollout.n_generation = {k}; set num_candidates >= {k} (Sol-RL uses 4 x K, e.g. {4 * k}).",
+        )
+    if ro.family == "sol_rl":
+        steps = cfg.policy.diffusers.sample.num_steps
+        _require(
+            1 <= ro.preview_step <= steps,
+            f"rollout.preview_step = {ro.preview_step} must be between 1 and policy.diffusers.sample.num_steps = "
+            f"{steps} (Sol-RL previews at 6 of 10 steps).",
+        )
 
 
 def _check_lora(cfg: Config) -> None:

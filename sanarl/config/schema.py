@@ -128,6 +128,27 @@ class RolloutConfig:
     """Group size K: images per prompt."""
     batch_size: int = 8
     """Images generated per forward pass."""
+    family: str = "diffusionnft"
+    """Sol-RL rollout family: diffusionnft (K per prompt) | naive_scaling (M drafts, keep K) | compile (M drafts from
+    a torch.compile'd merged copy, keep K) | naive_quant (M drafts from a quantized copy, keep K) | sol_rl
+    (quantized preview of M drafts at preview_step steps, keep K seeds, regenerate them at full precision)."""
+    num_candidates: int = 0
+    """M: drafts per prompt for the multi-candidate families (0 = n_generation, i.e. no search)."""
+    selection: str = "best_worst"
+    """How K of M drafts are kept: best_worst | random | mean_deviation | extremes_random."""
+    preview_step: int = 6
+    """Sampling steps of the sol_rl preview stage."""
+    preview_precision: str = "fp8"
+    """Preview / quantized-copy precision: nvfp4 (Blackwell) | fp8 (Hopper) via transformer-engine, or bf16 (no
+    quantization: the preview is cheaper by its step count only; runs on any device, CPU included)."""
+    nvfp4_min_dim: int = 2240
+    """Linear layers whose largest dimension is <= this stay unquantized."""
+    compile_mode: str = "max-autotune-no-cudagraphs"
+    """torch.compile mode of the inference copy (compile / naive_quant / sol_rl families)."""
+    reward_workers: int = 1
+    """Threads scoring rewards while the next prompt group is sampled (0 = score synchronously)."""
+    reward_deadline_s: float = 600.0
+    """A reward call taking longer than this fails the step with a message (no silent hang)."""
 
 
 @dataclass
@@ -184,6 +205,10 @@ class TrainPolicyConfig:
     """Advantage clip lower bound."""
     advantage_high: float = 5.0
     """Advantage clip upper bound."""
+    adv_mode: str = "all"
+    """DiffusionNFT advantage transform: all | positive_only | negative_only | one_only | binary."""
+    global_std: bool = True
+    """Normalise advantages by the std of all rewards of the iteration (true) or of each prompt group (false)."""
     use_remote_reward: bool = False
     """Score through the reward service instead of in-process."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -259,6 +284,8 @@ class LoggingConfig:
     experiment_name: str = ""
     log_freq: int = 1
     """Console / tracker logging every N steps (metrics.jsonl always gets every step)."""
+    multi_modal_log_interval: int = 10
+    """RL: save a rollout grid (prompt and reward under each image) every N steps (0 = never)."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ theta_old); the reference model is the base with adapters disabled. Only the "de
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,8 +36,12 @@ def add_lora_adapters(
         lora_dropout=dropout,
     )
     ordered = [trainable] + [n for n in names if n != trainable]
-    for name in ordered:
-        module.add_adapter(config, adapter_name=name)
+    with (
+        warnings.catch_warnings()
+    ):  # peft warns that a second adapter makes the model multi-adapter: intended
+        warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+        for name in ordered:
+            module.add_adapter(config, adapter_name=name)
     for name in ordered[1:]:
         copy_adapter(module, src=trainable, dst=name)
     activate_adapter(module, trainable)

@@ -8,6 +8,8 @@ images are float [B, 3, H, W] in [0, 1]; `velocity(x_s, s, cond)` predicts `eps 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -101,26 +103,49 @@ class DiffusionAdapter(ABC):
         """Per-sample latent shape (C, h, w) for an image of height x width."""
 
     # --- shared -------------------------------------------------------------------------------------------------
-    def velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        """v_theta(x_s, s, c): x [B, ...], s [B] (or scalar) in [0, 1] -> float32 velocity like x."""
+    def velocity(
+        self, x: torch.Tensor, s: torch.Tensor, cond: Cond, module: nn.Module | None = None
+    ) -> torch.Tensor:
+        """v_theta(x_s, s, c): x [B, ...], s [B] (or scalar) in [0, 1] -> float32 velocity like x.
+
+        `module` runs another copy of the transformer (an inference copy); default: the trained one."""
         s = torch.as_tensor(s, device=x.device, dtype=torch.float32)
         if s.ndim == 0:
             s = s.expand(x.shape[0])
-        module = self.forward_module if self.forward_module is not None else self.transformer
+        if module is None:
+            module = self.forward_module if self.forward_module is not None else self.transformer
         return self._forward(module, x, s, cond.expand_to(x.shape[0])).float()
 
     def guided_velocity(
-        self, x: torch.Tensor, s: torch.Tensor, cond: Cond, uncond: Cond | None, guidance_scale: float
+        self,
+        x: torch.Tensor,
+        s: torch.Tensor,
+        cond: Cond,
+        uncond: Cond | None,
+        guidance_scale: float,
+        module: nn.Module | None = None,
     ) -> torch.Tensor:
         """CFG velocity v_u + w (v_c - v_u), batching both branches in one forward; w == 1 -> v_c only."""
         if uncond is None or guidance_scale == 1.0:
-            return self.velocity(x, s, cond)
+            return self.velocity(x, s, cond, module)
         batch = x.shape[0]
         s = torch.as_tensor(s, device=x.device, dtype=torch.float32).expand(batch)
         both = Cond.cat([uncond.expand_to(batch), cond.expand_to(batch)])
-        v = self.velocity(torch.cat([x, x]), torch.cat([s, s]), both)
+        v = self.velocity(torch.cat([x, x]), torch.cat([s, s]), both, module)
         v_u, v_c = v.chunk(2)
         return v_u + guidance_scale * (v_c - v_u)
+
+    @contextmanager
+    def resident(self, module: nn.Module) -> Iterator[None]:
+        """With `policy.diffusers.offload`, frozen parts live on CPU and visit the device only while used."""
+        if not getattr(self, "offload", False):
+            yield
+            return
+        module.to(self.device)
+        try:
+            yield
+        finally:
+            module.to("cpu")
 
     def trainable_module(self) -> nn.Module:
         """The module whose parameters post-training changes."""

@@ -45,6 +45,7 @@ class SanaAdapter(DiffusionAdapter):
         self.device = device
         self.max_prompt_length = policy.diffusers.max_prompt_length
         self.use_chi = policy.diffusers.complex_human_instruction
+        self.offload = policy.diffusers.offload
         sched = pipeline.scheduler.config
         self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
 
@@ -57,8 +58,9 @@ class SanaAdapter(DiffusionAdapter):
         if dtype != torch.float32:  # the trained module keeps float32 master weights
             pipe.transformer.to(dtype=torch.float32)
         pipe.transformer.to(device)
-        pipe.vae.to(device)
-        pipe.text_encoder.to(device)
+        if not policy.diffusers.offload:
+            pipe.vae.to(device)
+            pipe.text_encoder.to(device)
         for module in (pipe.vae, pipe.text_encoder):
             module.requires_grad_(False).eval()
         return cls(pipe, policy, device)
@@ -67,13 +69,14 @@ class SanaAdapter(DiffusionAdapter):
     def encode_prompts(self, prompts: list[str]) -> Cond:
         """Gemma-2 hidden states [B, L, D] and mask [B, L], as SanaPipeline.encode_prompt computes them."""
         kwargs = {} if self.use_chi else {"complex_human_instruction": None}
-        embeds, mask, _, _ = self.pipeline.encode_prompt(
-            list(prompts),
-            do_classifier_free_guidance=False,
-            device=self.device,
-            max_sequence_length=self.max_prompt_length,
-            **kwargs,
-        )
+        with self.resident(self.text_encoder):
+            embeds, mask, _, _ = self.pipeline.encode_prompt(
+                list(prompts),
+                do_classifier_free_guidance=False,
+                device=self.device,
+                max_sequence_length=self.max_prompt_length,
+                **kwargs,
+            )
         return Cond(embeds=embeds, mask=mask)
 
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
@@ -93,12 +96,14 @@ class SanaAdapter(DiffusionAdapter):
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
-        return self.vae.encode(x).latent.float() * self.vae.config.scaling_factor
+        with self.resident(self.vae):
+            return self.vae.encode(x).latent.float() * self.vae.config.scaling_factor
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        z = (latents / self.vae.config.scaling_factor).to(self.vae.dtype)
-        x = self.vae.decode(z).sample.float()
+        z = (latents / self.vae.config.scaling_factor).to(self.device, self.vae.dtype)
+        with self.resident(self.vae):
+            x = self.vae.decode(z).sample.float()
         return ((x + 1.0) / 2.0).clamp(0.0, 1.0)
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:

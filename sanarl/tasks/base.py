@@ -14,7 +14,20 @@ from torch import nn
 
 from sanarl.config.schema import Config
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
+from sanarl.errors import ConfigError
 from sanarl.models.base import DiffusionAdapter
+
+
+def per_rank_batch(cfg: Config, world: int) -> int:
+    """`train_batch_per_replica / world`, checked to split into whole micro-batches on every rank."""
+    bpr, mb = cfg.train.train_batch_per_replica, cfg.train.train_policy.mini_batch
+    if bpr % world or (bpr // world) % mb:
+        raise ConfigError(
+            f"`train.train_batch_per_replica = {bpr}` must split over {world} rank(s) into whole micro-batches of "
+            f"`train.train_policy.mini_batch = {mb}` (needs a multiple of {world * mb}); set "
+            f"train_batch_per_replica to {max(1, bpr // (world * mb)) * world * mb} or change mini_batch."
+        )
+    return bpr // world
 
 
 class Task(ABC):
@@ -54,6 +67,11 @@ class Task(ABC):
         if self.cfg.policy.model_gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):
             module.enable_gradient_checkpointing()
         module.train()
+
+    def per_rank_batch(self) -> int:
+        """Samples per optimizer step on this rank: `train_batch_per_replica` is the batch of the whole replica
+        (all data-parallel ranks, as in Cosmos-RL), split evenly across ranks."""
+        return per_rank_batch(self.cfg, self.world)
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.adapter.trainable_module().named_parameters() if p.requires_grad]
@@ -96,6 +114,13 @@ class Task(ABC):
     @abstractmethod
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss of one micro-batch (before division by the number of micro-batches) and its metrics."""
+
+    def collect_metrics(self) -> dict[str, float]:
+        """Metrics the last `micro_batches` call produced (RL: rewards, rollout timings); default none."""
+        return {}
+
+    def close(self) -> None:
+        """Release background resources (reward workers)."""
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:
         """Hook after each optimizer step (e.g. old-adapter decay); returns extra metrics."""

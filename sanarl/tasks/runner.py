@@ -10,6 +10,7 @@ then the task hook and the EMA run. Every step appends one JSON object to `metri
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,18 +68,28 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
     )
 
 
+def check_writable(output_dir: str) -> Path:
+    """Fail with exit code 2, before anything is written, when `output_dir` cannot be created or written."""
+    run_dir = Path(output_dir).expanduser().absolute()
+    probe = run_dir
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(
+            f'`train.output_dir = "{output_dir}"` cannot be written ({probe} is not a writable directory); '
+            "choose another directory with `--set train.output_dir=...`."
+        )
+    return run_dir
+
+
 def prepare_run_dir(output_dir: str) -> Path:
-    """Create the run directory or fail with exit code 2 when it is not writable."""
-    run_dir = Path(output_dir).expanduser()
+    """Create the run directory (after `check_writable`); a failure is still reported as bad input."""
+    run_dir = check_writable(output_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
     except OSError as err:
         raise UserError(
-            f'`train.output_dir = "{output_dir}"` is not writable ({err.strerror}); choose another directory '
-            "with `--set train.output_dir=...`."
+            f'`train.output_dir = "{output_dir}"` cannot be created ({err.strerror}); choose another directory.'
         ) from None
     return run_dir
 
@@ -108,6 +119,10 @@ class Runner:
         self.optimizer = accelerator.prepare(self.optimizer)
         self.total_steps = self._total_steps()
         self.start_step = 0
+        try:
+            self.resume_path = resolve_resume(cfg.train.resume, self.ckpt_root)
+        except ValueError as err:
+            raise UserError(str(err)) from None
 
     def _total_steps(self) -> int:
         t = self.cfg.train
@@ -128,10 +143,7 @@ class Runner:
         )
 
     def maybe_resume(self) -> None:
-        try:
-            path = resolve_resume(self.cfg.train.resume, self.ckpt_root)
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        path = self.resume_path
         if path is None:
             return
         tensors, state, meta = load_checkpoint(path)
@@ -154,7 +166,7 @@ class Runner:
         t0 = time.perf_counter()
         micro = self.task.micro_batches(step, rng)
         t1 = time.perf_counter()
-        sums: dict[str, float] = {}
+        sums: dict[str, float] = dict(self.task.collect_metrics())
         module = self.task.adapter.forward_module
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
@@ -163,7 +175,7 @@ class Runner:
                 loss, metrics = self.task.objective(batch, rng)
                 self.acc.backward(loss / len(micro))
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v / len(micro)
+                sums[k] = sums.get(k, 0.0) + float(v) / len(micro)
         clip = self.cfg.train.optm_grad_norm_clip
         grad_norm = self.acc.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
         self.optimizer.step()
@@ -173,7 +185,7 @@ class Runner:
         if self.ema is not None:
             self.ema.update(self.params, step)
         t2 = time.perf_counter()
-        samples = self.cfg.train.train_batch_per_replica * self.acc.num_processes
+        samples = self.cfg.train.train_batch_per_replica
         sums.update(
             grad_norm=float(grad_norm),
             lr=self.scheduler.get_last_lr()[0],
@@ -232,7 +244,14 @@ class Runner:
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        try:
+            return self._run()
+        finally:
+            self.task.close()
+
+    def _run(self) -> RunResult:
         cfg, acc = self.cfg, self.acc
+        self.task.run_dir = self.run_dir
         self.maybe_resume()
         logger = MetricsLogger(
             self.run_dir,
@@ -272,7 +291,7 @@ class Runner:
         export_dir = self.export()
         if acc.is_main_process:
             plot_metrics(
-                logger.path, self.run_dir / "metrics.png", ["loss", "reward_mean", "grad_norm", "lr"]
+                logger.path, self.run_dir / "metrics.png", ["reward/mean", "loss", "policy_loss", "grad_norm"]
             )
         logger.close()
         acc.wait_for_everyone()
@@ -280,5 +299,5 @@ class Runner:
 
 
 def _short(metrics: dict[str, float]) -> str:
-    keys = [k for k in ("loss", "reward_mean", "grad_norm", "samples_per_s") if k in metrics]
+    keys = [k for k in ("loss", "reward/mean", "grad_norm", "samples_per_s") if k in metrics]
     return "  ".join(f"{k}={metrics[k]:.4g}" for k in keys)

@@ -50,8 +50,10 @@ def generate_latents(
     uncond: Cond | None = None,
     return_trajectory: bool = False,
     window: tuple[int, int] | None = None,
+    module: torch.nn.Module | None = None,
 ) -> SampleOutput:
-    """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1."""
+    """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1;
+    `module` samples with another copy of the transformer (default: the trained one, its active adapter)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
@@ -59,7 +61,7 @@ def generate_latents(
         uncond = adapter.encode_prompts([""])
 
     def velocity(x_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        return adapter.guided_velocity(x_t, s, cond, uncond, spec.guidance_scale)
+        return adapter.guided_velocity(x_t, s, cond, uncond, spec.guidance_scale, module)
 
     return sample_loop(
         velocity,

@@ -12,7 +12,7 @@ from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
-from sanarl.tasks.base import Task
+from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import split_batch, step_indices
 
 
@@ -32,7 +32,7 @@ class SFTTask(Task):
         self.shift = sample.flow_shift if sample.flow_shift is not None else adapter.default_shift
 
     def steps_per_epoch(self) -> int:
-        return max(1, len(self.train_dataset) // (self.cfg.train.train_batch_per_replica * self.world))
+        return max(1, len(self.train_dataset) // self.cfg.train.train_batch_per_replica)
 
     def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         train = self.cfg.train
@@ -42,7 +42,7 @@ class SFTTask(Task):
             step,
             rank=self.rank,
             world=self.world,
-            per_rank=train.train_batch_per_replica,
+            per_rank=self.per_rank_batch(),
         )
         batch = self.collate([self.train_dataset[i] for i in idx])
         if "image" not in batch:
@@ -72,7 +72,9 @@ class SFTTask(Task):
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         adapter, diff = self.adapter, self.diff
         x0 = adapter.encode_images(batch["image"])
-        prompts = [p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)]
+        prompts = [
+            p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)
+        ]
         cond = adapter.encode_prompts(prompts)
         s = u_to_sigma(batch["u"], self.shift).to(x0.device)
         eps = batch["eps"].to(x0.device)
@@ -86,13 +88,14 @@ class SFTTask(Task):
         """The batch arithmetic, without loading a model (used by `sanarl validate`)."""
         train = cfg.train
         bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
-        per_epoch = max(1, dataset_size // (bpr * world))
+        per_rank = per_rank_batch(cfg, world)
+        per_epoch = max(1, dataset_size // bpr)
         total = train.epoch * per_epoch
         if train.max_num_steps is not None:
             total = min(total, train.max_num_steps)
         return [
             ("dataset items", str(dataset_size)),
-            ("batch per rank / micro-batch", f"{bpr} / {mb} -> {bpr // mb} micro-batches per step"),
-            ("global batch", f"{bpr} x {world} rank(s) = {bpr * world}"),
+            ("batch per step", f"{bpr} (train_batch_per_replica) / {world} rank(s) = {per_rank} per rank"),
+            ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank per step"),
             ("steps", f"{per_epoch} per epoch x {train.epoch} epoch(s) -> {total} optimizer steps"),
         ]

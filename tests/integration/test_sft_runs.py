@@ -52,7 +52,10 @@ def full_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
     from sanarl.models import load_adapter
 
-    initial = {k: v.clone() for k, v in load_adapter(load_config(PRESET).config.policy).transformer.state_dict().items()}
+    initial = {
+        k: v.clone()
+        for k, v in load_adapter(load_config(PRESET).config.policy).transformer.state_dict().items()
+    }
     outcome = run(
         out,
         12,
@@ -91,10 +94,13 @@ def test_full_run_changes_every_trained_tensor_and_exports_a_pipeline(full_run):
     out, outcome, initial = full_run
     trained = outcome.task.adapter.transformer.state_dict()
     changed = [k for k in initial if not torch.equal(initial[k], trained[k])]
-    assert len(changed) >= 0.9 * len(initial)  # every weight gets gradient; a few (e.g. unused biases) may not move
+    assert len(changed) >= 0.9 * len(
+        initial
+    )  # every weight gets gradient; a few (e.g. unused biases) may not move
+
+    from diffusers import DiffusionPipeline
 
     import sanarl.models.pixel_ae  # noqa: F401  (registers the tiny VAE class for diffusers)
-    from diffusers import DiffusionPipeline
 
     pipe = DiffusionPipeline.from_pretrained(str(out / "export"))
     exported = pipe.transformer.state_dict()
@@ -115,7 +121,9 @@ def test_lora_sft_trains_only_the_adapter_and_exports_a_diffusers_lora(tmp_path)
     from sanarl.core.lora import adapter_parameters
     from sanarl.models import load_adapter
 
-    cfg = load_config(PRESET, overrides(tmp_path, 8, "policy.lora.r=4", "policy.lora.init_lora_weights=gaussian"))
+    cfg = load_config(
+        PRESET, overrides(tmp_path, 8, "policy.lora.r=4", "policy.lora.init_lora_weights=gaussian")
+    )
     base = load_adapter(cfg.config.policy).transformer.state_dict()
     outcome = api.train(cfg, SQUARES)
     module = outcome.task.adapter.transformer
@@ -128,9 +136,9 @@ def test_lora_sft_trains_only_the_adapter_and_exports_a_diffusers_lora(tmp_path)
     lora_b = [p for k, p in lora.items() if "lora_B" in k]
     assert any(p.abs().max() > 0 for p in lora_b)  # B starts at zero; training moved it
 
-    import sanarl.models.pixel_ae  # noqa: F401
     from diffusers import SanaPipeline
 
+    import sanarl.models.pixel_ae  # noqa: F401
     from sanarl.models.loading import resolve_weights
 
     pipe = SanaPipeline.from_pretrained(str(resolve_weights(cfg.config.policy.model_name_or_path)))
@@ -148,7 +156,12 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     from sanarl.models import load_adapter
 
     a_init = load_adapter(load_config(PRESET).config.policy).transformer.state_dict()
-    common = ("train.optm_grad_norm_clip=0", "train.optm_name=SGD", "train.optm_lr=0.1", "train.optm_weight_decay=0")
+    common = (
+        "train.optm_grad_norm_clip=0",
+        "train.optm_name=SGD",
+        "train.optm_lr=0.1",
+        "train.optm_weight_decay=0",
+    )
     a = run(tmp_path / "a", 1, "train.train_policy.mini_batch=8", *common)
     b = run(tmp_path / "b", 1, "train.train_policy.mini_batch=2", *common)
     wa, wb = a.task.adapter.transformer.state_dict(), b.task.adapter.transformer.state_dict()
@@ -161,14 +174,18 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     killed = tmp_path / "killed"
     args = ["--config", str(PRESET), SQUARES, *sum((["--set", o] for o in overrides(killed, 100000)), [])]
     args += ["--set", "train.ckpt.save_freq=3", "--set", "train.resume=true"]
-    proc = subprocess.Popen([sys.executable, "-m", "sanarl", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sanarl", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.time() + 240
     while time.time() < deadline and not (killed / "checkpoints" / "step_00000003").is_dir():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    newest = max(int(p.name.split("_")[1]) for p in (killed / "checkpoints").iterdir() if p.name.startswith("step_"))
+    newest = max(
+        int(p.name.split("_")[1]) for p in (killed / "checkpoints").iterdir() if p.name.startswith("step_")
+    )
     target = newest + 3
     resumed = run(killed, target, "train.resume=true", "train.ckpt.save_freq=3")
     straight = run(tmp_path / "straight", target, "train.ckpt.save_freq=3")

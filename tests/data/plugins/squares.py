@@ -2,7 +2,12 @@
 
 import torch
 
-COLORS = {"red": (1.0, 0.1, 0.1), "green": (0.1, 0.9, 0.1), "blue": (0.1, 0.2, 1.0), "yellow": (1.0, 0.9, 0.1)}
+COLORS = {
+    "red": (1.0, 0.1, 0.1),
+    "green": (0.1, 0.9, 0.1),
+    "blue": (0.1, 0.2, 1.0),
+    "yellow": (1.0, 0.9, 0.1),
+}
 NAMES = list(COLORS)
 
 

@@ -1,0 +1,193 @@
+"""The reward interface (DESIGN.md section 3, "Reward"): one scorer behind one small contract.
+
+A reward maps a batch of images `[B, 3, H, W]` (float in [0, 1]) with their prompts and per-sample metadata to a
+dict of score tensors `[B]` (float32, CPU, no gradient). Subclasses implement `_score`; the public `score` checks
+the inputs once (layout, range, counts), runs `_score` under `torch.no_grad`, and checks and normalises the output,
+so every reward - in-process or behind the reward service - honours the same contract.
+
+Heavy rewards load their model lazily: override `_load` (called once, under a lock, on the device given to
+`setup`, or on the CPU at the first `score` when `setup` was never called).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sanarl.errors import DataError
+
+RANGE_TOLERANCE = 1e-4
+"""Pixels at most this far outside [0, 1] are clamped (float round-off); anything farther is an error."""
+
+
+class RewardInputError(DataError, ValueError):
+    """A reward got bad input (layout, range, counts, metadata): a DataError (exit code 2) and a ValueError."""
+
+
+def _layout_problem(images: Any) -> str | None:
+    """Why `images` is not a float `[B, 3, H, W]` tensor, or None when it is."""
+    if not isinstance(images, torch.Tensor):
+        return f"got a {type(images).__name__}, not a torch.Tensor"
+    shape = tuple(images.shape)
+    if images.ndim != 4 or shape[1] != 3:
+        hint = (
+            " (channels last? use images.permute(0, 3, 1, 2))" if images.ndim == 4 and shape[3] == 3 else ""
+        )
+        return f"got shape {shape}{hint}"
+    if shape[0] == 0:
+        return "got an empty batch"
+    if not images.is_floating_point():
+        return f"got dtype {images.dtype} (convert uint8 with images.float() / 255)"
+    return None
+
+
+def check_images(images: Any, reward: str) -> torch.Tensor:
+    """Validate `images` `[B, 3, H, W]` float in [0, 1]; returns them detached, round-off clamped to [0, 1].
+
+    Non-finite pixels are allowed here (`Reward.score` turns those samples' scores into NaN, so they are dropped
+    and counted downstream). Raises RewardInputError for a wrong type, layout, dtype or range.
+    """
+    problem = _layout_problem(images)
+    if problem is not None:
+        raise RewardInputError(
+            f"reward {reward!r} takes images as a float tensor [B, 3, H, W] with values in [0, 1]; {problem}. "
+            "Pass decoded images in that layout (e.g. (vae_output / 2 + 0.5).clamp(0, 1))."
+        )
+    images = images.detach()
+    low, high = (float(v) for v in images.aminmax())
+    if not (math.isfinite(low) and math.isfinite(high)):  # slow path: range of the finite pixels only
+        finite = images[torch.isfinite(images)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+    if low < -RANGE_TOLERANCE or high > 1.0 + RANGE_TOLERANCE:
+        hint = " They look like [-1, 1] images: pass (images + 1) / 2." if low < -0.5 else ""
+        raise RewardInputError(
+            f"reward {reward!r} takes images with values in [0, 1], got values in [{low:.4g}, {high:.4g}]; "
+            f"sanarl does not rescale silently.{hint}"
+        )
+    return images if low >= 0.0 and high <= 1.0 else images.clamp(0.0, 1.0)
+
+
+def check_batch(
+    images: torch.Tensor, prompts: Any, metadata: Any, reward: str
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Validate prompts (B strings) and metadata (None, or B dicts) against a batch of B images.
+
+    Returns `(prompts, metadata)` as fresh lists (None metadata -> B empty dicts). Raises RewardInputError.
+    """
+    batch = int(images.shape[0])
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise RewardInputError(
+            f"reward {reward!r} takes prompts as a list of strings, one per image; got {type(prompts).__name__}."
+        )
+    if len(prompts) != batch or not all(isinstance(p, str) for p in prompts):
+        raise RewardInputError(
+            f"reward {reward!r} got {batch} images but {len(prompts)} prompts (all must be strings); pass exactly "
+            "one prompt per image (repeat a prompt once per image of its group)."
+        )
+    if metadata is None:
+        return list(prompts), [{} for _ in range(batch)]
+    if isinstance(metadata, Mapping) or not isinstance(metadata, Sequence) or len(metadata) != batch:
+        count = len(metadata) if isinstance(metadata, Sequence) else type(metadata).__name__
+        raise RewardInputError(
+            f"reward {reward!r} got {batch} images but metadata {count}; pass a list of one dict per image "
+            "(or None when the reward needs no metadata)."
+        )
+    if not all(isinstance(m, Mapping) for m in metadata):
+        raise RewardInputError(f"reward {reward!r}: every metadata entry must be a dict, one per image.")
+    return list(prompts), [dict(m) for m in metadata]
+
+
+def to_uint8_hwc(images: torch.Tensor) -> np.ndarray:
+    """`[B, 3, H, W]` float in [0, 1] -> numpy uint8 `[B, H, W, 3]` by `round(255 x)` (what PIL encoders take)."""
+    return (images.detach() * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def _normalise_output(out: Any, keys: Sequence[str], batch: int, reward: str) -> dict[str, torch.Tensor]:
+    """Check that `out` holds every declared key with `[B]` values; return float32 CPU tensors."""
+    if not isinstance(out, Mapping):
+        raise TypeError(f"reward {reward!r} returned a {type(out).__name__}, not a dict of [B] tensors.")
+    missing = [k for k in keys if k not in out]
+    if missing:
+        raise KeyError(f"reward {reward!r} declares keys {list(keys)} but did not return {missing}.")
+    scores: dict[str, torch.Tensor] = {}
+    for key, value in out.items():
+        tensor = torch.as_tensor(value).detach().to("cpu", torch.float32)
+        if tuple(tensor.shape) != (batch,):
+            raise ValueError(
+                f"reward {reward!r} returned key {key!r} with shape {tuple(tensor.shape)}, expected [{batch}]."
+            )
+        scores[key] = tensor
+    return scores
+
+
+class Reward(ABC):
+    """A scorer: `score(images [B, 3, H, W] in [0, 1], prompts, metadata) -> {key: float32 CPU Tensor[B]}`.
+
+    Class attributes: `name` (the registry name), `keys` (every key `score` returns), `default_key` (the key a
+    `reward_fns` entry uses when its `score_key` is empty). Subclasses implement `_score` on validated inputs (it
+    runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score). Instances
+    are safe to call from several threads as long as `_score` is.
+    """
+
+    name: str = ""
+    keys: tuple[str, ...] = ()
+    default_key: str = ""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self._ready = False
+        self._setup_lock = threading.Lock()
+
+    def setup(self, device: str | torch.device = "cpu") -> None:
+        """Place the reward on `device` and load its model (once); later calls with another device reload."""
+        device = torch.device(device)
+        with self._setup_lock:
+            if self._ready and device == self.device:
+                return
+            self.device = device
+            self._load()
+            self._ready = True
+
+    def _load(self) -> None:  # noqa: B027 - optional hook, weight-free rewards need nothing
+        """Load model weights onto `self.device` (heavy rewards override this)."""
+
+    def score(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Scores `{key: Tensor[B]}` (float32, CPU) for images `[B, 3, H, W]` in [0, 1], B prompts, B metadata.
+
+        Samples with non-finite pixels are not scored: they get NaN for every key (dropped and counted by the
+        combiner). Raises RewardInputError for bad inputs.
+        """
+        images = check_images(images, self.name)
+        prompts, meta = check_batch(images, prompts, metadata, self.name)
+        if not self._ready:
+            self.setup(self.device)
+        bad = ~torch.isfinite(images).flatten(1).all(dim=1)
+        if bool(bad.any()):
+            images = torch.where(bad[:, None, None, None], torch.zeros_like(images), images)
+        with torch.no_grad():
+            out = self._score(images, prompts, meta)
+        scores = _normalise_output(out, self.keys, images.shape[0], self.name)
+        if bool(bad.any()):
+            nan, bad_cpu = torch.tensor(float("nan")), bad.cpu()
+            scores = {key: torch.where(bad_cpu, nan, value) for key, value in scores.items()}
+        return scores
+
+    @abstractmethod
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> Mapping[str, Any]:
+        """Scores for validated inputs: images `[B, 3, H, W]` in [0, 1] on their original device; values `[B]`."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, keys={self.keys}, device={str(self.device)!r})"

@@ -1,0 +1,70 @@
+"""JPEG (in)compressibility rewards (ALGORITHMS.md section 7; the DDPO / Flow-GRPO toy rewards).
+
+Each image is converted to uint8 RGB (`round(255 x)`) and saved by PIL as JPEG at quality 95; `kb` is the file
+size in kilobytes (bytes / 1000):
+- `jpeg_compressibility = -kb / 500` (higher = smaller file),
+- `jpeg_incompressibility = +kb`.
+Both also return the raw size under the key `jpeg_kb`. No weights, no metadata.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from sanarl.rewards.base import Reward, to_uint8_hwc
+
+JPEG_QUALITY = 95
+"""PIL JPEG quality used by the published rewards."""
+COMPRESSIBILITY_DIVISOR = 500.0
+"""jpeg_compressibility = -kB / this."""
+
+
+def jpeg_kilobytes(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.Tensor:
+    """JPEG file sizes in kB (bytes / 1000), float32 `[B]`, of images `[B, 3, H, W]` in [0, 1] (PIL, RGB)."""
+    sizes = []
+    for array in to_uint8_hwc(images):
+        buffer = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(array)).save(buffer, format="JPEG", quality=quality)
+        sizes.append(buffer.tell() / 1000.0)
+    return torch.tensor(sizes, dtype=torch.float32)
+
+
+class JpegCompressibility(Reward):
+    """`jpeg_compressibility = -(JPEG q95 bytes / 1000) / 500`: rewards small files (flat, simple images)."""
+
+    name = "jpeg_compressibility"
+    keys = ("jpeg_compressibility", "jpeg_kb")
+    default_key = "jpeg_compressibility"
+
+    def __init__(self, quality: int = JPEG_QUALITY) -> None:
+        super().__init__()
+        self.quality = int(quality)
+
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        kb = jpeg_kilobytes(images, self.quality)
+        return {"jpeg_compressibility": -kb / COMPRESSIBILITY_DIVISOR, "jpeg_kb": kb}
+
+
+class JpegIncompressibility(Reward):
+    """`jpeg_incompressibility = + JPEG q95 kB`: rewards large files (detailed, noisy images)."""
+
+    name = "jpeg_incompressibility"
+    keys = ("jpeg_incompressibility", "jpeg_kb")
+    default_key = "jpeg_incompressibility"
+
+    def __init__(self, quality: int = JPEG_QUALITY) -> None:
+        super().__init__()
+        self.quality = int(quality)
+
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        kb = jpeg_kilobytes(images, self.quality)
+        return {"jpeg_incompressibility": kb.clone(), "jpeg_kb": kb}

@@ -1,0 +1,176 @@
+"""The CLI on good and bad input: exit codes, messages that name the key / file and the fix, nothing written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = sorted((ROOT / "presets").glob("*.toml"))
+SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
+BAD = ROOT / "tests" / "data" / "bad_plugins"
+TINY = ROOT / "presets" / "tiny-shapes-sft.toml"
+
+
+def preset_command(path: Path) -> list[str]:
+    """The exact command of a preset's header comment (line 2), as argv after `sanarl`."""
+    line = path.read_text().splitlines()[1]
+    match = re.match(r"#\s*sanarl (.*)$", line)
+    assert match, f"{path.name}: line 2 must be the exact command, got {line!r}"
+    return match.group(1).split()
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_every_shipped_preset_validates(preset, run_cli, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    args = preset_command(preset)
+    assert args[:2] == ["--config", f"presets/{preset.name}"]
+    code, out, err = run_cli("validate", *args)
+    assert code == 0, err
+    assert "valid" in out and "sanarl plan" in out
+
+
+def test_presets_lists_each_preset_with_its_purpose(run_cli):
+    code, out, _ = run_cli("presets")
+    assert code == 0
+    for preset in PRESETS:
+        assert preset.stem in out
+
+
+def bad(run_cli, tmp_path, *args: str, traceback_ok: bool = False) -> str:
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli(*args, "--set", f"train.output_dir={out_dir}")
+    assert code == 2, (out, err)
+    assert not out_dir.exists(), "bad input must not leave a half-written run directory"
+    assert traceback_ok or "Traceback" not in err
+    return " ".join(err.split())
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "preset.toml"
+    path.write_text(text)
+    return path
+
+
+def test_malformed_toml_names_line_and_column(run_cli, tmp_path):
+    preset = write(tmp_path, "[train]\noptm_lr = = 3\n")
+    msg = bad(run_cli, tmp_path, "--config", str(preset), SQUARES)
+    assert "line 2" in msg and "column" in msg and str(preset) in msg
+
+
+def test_unknown_key_suggests_the_right_one(run_cli, tmp_path):
+    preset = write(tmp_path, "[train]\noptm_lrr = 3e-4\n")
+    msg = bad(run_cli, tmp_path, "--config", str(preset), SQUARES)
+    assert "optm_lrr" in msg and "did you mean `train.optm_lr`" in msg
+
+
+def test_wrong_type_names_key_and_type(run_cli, tmp_path):
+    preset = write(tmp_path, '[train]\nepoch = "ten"\n')
+    msg = bad(run_cli, tmp_path, "--config", str(preset), SQUARES)
+    assert "train.epoch" in msg and "int" in msg
+
+
+def test_bad_override(run_cli, tmp_path):
+    msg = bad(run_cli, tmp_path, "--config", str(TINY), SQUARES, "--set", "train.max_num_steps=many")
+    assert "train.max_num_steps" in msg
+
+
+def test_unknown_plugin_module(run_cli, tmp_path):
+    msg = bad(run_cli, tmp_path, "--config", str(TINY), "no_such_pkg.data")
+    assert "no_such_pkg.data" in msg and "not found" in msg
+
+
+def test_plugin_that_raises_keeps_its_traceback(run_cli, tmp_path):
+    msg = bad(run_cli, tmp_path, "--config", str(TINY), str(BAD / "raises_on_import.py"), traceback_ok=True)
+    assert (
+        "raised RuntimeError while importing" in msg and "raises_on_import.py" in msg and "Traceback" in msg
+    )
+
+
+def test_plugin_missing_factory(run_cli, tmp_path):
+    msg = bad(run_cli, tmp_path, "--config", str(TINY), str(BAD / "missing_factory.py"))
+    assert "get_dataset" in msg
+
+
+def test_empty_dataset_dir(run_cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    msg = bad(
+        run_cli,
+        tmp_path,
+        "--config",
+        str(TINY),
+        "sanarl.datasets.diffusers_dataset",
+        "--set",
+        f"train.train_policy.dataset.local_dir={empty}",
+    )
+    assert str(empty) in msg
+
+
+def test_json_without_image_only(run_cli, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.json").write_text('{"prompt": "a red square"}')
+    msg = bad(
+        run_cli,
+        tmp_path,
+        "--config",
+        str(TINY),
+        "sanarl.datasets.diffusers_dataset",
+        "--set",
+        f"train.train_policy.dataset.local_dir={data}",
+    )
+    assert str(data) in msg
+
+
+def test_output_dir_not_writable(run_cli, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run_cli("--config", str(TINY), SQUARES, "--set", f"train.output_dir={blocker}/run")
+    assert code == 2 and "train.output_dir" in " ".join(err.split())
+
+
+def test_resume_path_without_checkpoint(run_cli, tmp_path):
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    msg = bad(run_cli, tmp_path, "--config", str(TINY), SQUARES, "--set", f"train.resume={nothing}")
+    assert "train.resume" in msg and "holds no checkpoint" in msg
+
+
+def test_missing_hub_weights_stop_with_instructions(run_cli, tmp_path):
+    msg = bad(
+        run_cli,
+        tmp_path,
+        "--config",
+        str(ROOT / "presets" / "sana-image-sft.toml"),
+        "sanarl.datasets.diffusers_dataset",
+        "--set",
+        f"train.train_policy.dataset.local_dir={ROOT / 'datasets' / 'examples' / 'sft'}",
+    )
+    assert "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers" in msg and "huggingface-cli download" in msg
+
+
+def test_unavailable_task_is_named(run_cli, tmp_path):
+    msg = bad(
+        run_cli,
+        tmp_path,
+        "--config",
+        str(TINY),
+        SQUARES,
+        "--set",
+        "train.train_policy.type=grpo",
+        "--set",
+        "train.train_policy.trainer_type=flow_grpo",
+    )
+    assert "train.train_policy" in msg or "train_policy" in msg
+
+
+def test_dry_run_loads_the_model_and_writes_nothing(run_cli, tmp_path):
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli(
+        "--config", str(TINY), SQUARES, "--dry-run", "--set", f"train.output_dir={out_dir}"
+    )
+    assert code == 0, err
+    assert "dry run" in out and not out_dir.exists()

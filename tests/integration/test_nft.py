@@ -1,0 +1,160 @@
+"""DiffusionNFT end to end on the tiny SANA (CPU, seconds): the loop, the old-adapter rule, Sol-RL's two-stage
+rollout, resume, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sanarl import api
+from sanarl.config import load_config
+from sanarl.core.ema import old_weight_decay
+from sanarl.core.lora import adapter_parameters
+from sanarl.core.tracking import read_metrics
+from sanarl.tasks.rollout import group_seeds
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESET = ROOT / "tests" / "data" / "presets" / "nft-tiny.toml"
+SHAPES = "sanarl.datasets.shapes"
+
+
+def loaded(out: Path, *extra: str):
+    return load_config(PRESET, [f"train.output_dir={out}", *extra])
+
+
+def test_nft_steps_train_the_default_adapter_and_decay_the_old_one(tmp_path, monkeypatch):
+    from sanarl.tasks import nft
+
+    snapshots = []
+    original = nft.NFTTask.after_optimizer_step
+
+    def spy(self, step):
+        module = self.adapter.trainable_module()
+        before = {k: v.detach().clone() for k, v in adapter_parameters(module, "old").items()}
+        out = original(self, step)
+        after = adapter_parameters(module, "old")
+        new = {k: v.detach().clone() for k, v in adapter_parameters(module, "default").items()}
+        snapshots.append((step, before, {k: v.detach().clone() for k, v in after.items()}, new))
+        return out
+
+    monkeypatch.setattr(nft.NFTTask, "after_optimizer_step", spy)
+    outcome = api.train(loaded(tmp_path, "train.max_num_steps=3"), SHAPES)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
+    assert all(r["reward/std"] > 0 for r in records)  # jpeg sizes differ: there is signal
+    assert any(r["grad_norm"] > 0 for r in records)
+    for step, before, after, new in snapshots:
+        d = old_weight_decay(step, 1)
+        for key, value in after.items():
+            expected = d * before[key] + (1 - d) * new[key.replace(".old.", ".default.")]
+            assert torch.allclose(value, expected, atol=1e-7), key
+    assert (tmp_path / "export" / "pytorch_lora_weights.safetensors").is_file()
+    assert (tmp_path / "rollouts" / "step_00000000.png").is_file()
+    assert outcome.result.steps == 3
+
+
+def test_sol_rl_regenerates_exactly_the_kept_seeds(tmp_path):
+    """A kept draft regenerated at the preview's step count equals the draft (explicit per-sample seeds)."""
+    cfg = loaded(
+        tmp_path,
+        "rollout.family=sol_rl",
+        "rollout.num_candidates=8",
+        "rollout.preview_step=6",
+        "rollout.preview_precision=bf16",
+        "rollout.reward_workers=0",
+    )
+    outcome = api.train(cfg, SHAPES, dry_run=True)
+    engine = outcome.task.engine
+    seeds = group_seeds(0, 0, 0, 0, 8)
+    groups, metrics = engine.rollout(["a red circle"], [outcome.task.train_dataset[0]["metadata"]], [seeds])
+    kept = groups[0]
+    assert len(kept.seeds) == 4 and set(kept.seeds) <= set(seeds)
+    drafts = engine._sample(kept.cond, seeds, engine.preview_spec, engine.preview_copy)
+    for i, seed in enumerate(kept.seeds):
+        assert torch.allclose(kept.latents[i], drafts[seeds.index(seed)], atol=1e-5)
+    assert metrics["rollout_images"] == 8 + 4
+
+
+def test_best_worst_keeps_the_extremes_of_the_drafts(tmp_path):
+    cfg = loaded(
+        tmp_path, "rollout.family=naive_scaling", "rollout.num_candidates=8", "rollout.reward_workers=0"
+    )
+    outcome = api.train(cfg, SHAPES, dry_run=True)
+    engine = outcome.task.engine
+    seeds = group_seeds(0, 0, 0, 0, 8)
+    cond = engine.adapter.encode_prompts(["a red circle"])
+    images = engine.adapter.decode(engine._sample(cond, seeds, engine.spec, None))
+    scores = engine.reward_fn(images, ["a red circle"] * 8, [{}] * 8).total
+    groups, _ = engine.rollout(["a red circle"], [{}], [seeds])
+    ranked = [seeds[i] for i in torch.argsort(scores, descending=True).tolist()]
+    assert set(groups[0].seeds) == set(ranked[:2] + ranked[-2:])
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    api.train(loaded(tmp_path / "a", "train.max_num_steps=2", "train.ckpt.save_freq=2"), SHAPES)
+    resumed = api.train(loaded(tmp_path / "a", "train.max_num_steps=4", "train.resume=true"), SHAPES)
+    straight = api.train(loaded(tmp_path / "b", "train.max_num_steps=4"), SHAPES)
+    a = resumed.task.state_tensors()
+    b = straight.task.state_tensors()
+    assert set(a) == set(b) and any(".old." in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("rollout.n_generation=3", "n_generation"),
+        ("train.train_policy.kl_beta=-1", "kl_beta"),
+        ("train.train_policy.remote_reward.reward_fns.0.name=pickscor", "pickscor"),
+        ("train.train_policy.remote_reward.reward_fns.0.score_key=nope", "nope"),
+        ("rollout.family=sol_rl", "transformer-engine"),
+    ],
+)
+def test_bad_input_is_named(run_cli, tmp_path, override, needle):
+    args = [
+        "--config",
+        str(PRESET),
+        SHAPES,
+        "--set",
+        f"train.output_dir={tmp_path / 'run'}",
+        "--set",
+        override,
+    ]
+    if "sol_rl" in override:
+        args += ["--set", "rollout.num_candidates=8"]
+    code, _, err = run_cli(*args)
+    assert code == 2, err
+    assert needle in " ".join(err.split())
+    assert not (tmp_path / "run").exists()
+
+
+def test_empty_prompt_file(run_cli, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n\n")
+    code, _, err = run_cli(
+        "--config", str(PRESET), "sanarl.datasets.diffusion_nft",
+        "--set", f"train.train_policy.dataset.local_dir={prompts}", "--set", f"train.output_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert code == 2 and str(prompts) in " ".join(err.split())
+
+
+def test_nan_rewards_are_dropped_and_counted(tmp_path, monkeypatch):
+    from sanarl.rewards import jpeg
+
+    original = jpeg.jpeg_kilobytes
+
+    def some_nan(images, quality=95):
+        kb = original(images, quality)
+        kb[0] = float("nan")
+        return kb
+
+    monkeypatch.setattr(jpeg, "jpeg_kilobytes", some_nan)
+    api.train(loaded(tmp_path, "train.max_num_steps=1", "rollout.reward_workers=0"), SHAPES)
+    record = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert record["reward/dropped"] == 2  # the first image of each of the 2 prompt groups
+    assert torch.isfinite(torch.tensor(record["loss"]))
