@@ -8,7 +8,8 @@ FlowMatchEulerDiscreteScheduler shifts them once, which is exactly `sanarl.core.
 Prints, per tiny model: the max abs difference of the final latents (must be < 1e-4) and the wall-clock ratio
 sanarl / diffusers (median of interleaved repeats after a warm-up; target <= 1.0).
 
-    python benchmarks/bench_sampler.py [--steps 20] [--batch 8] [--guidance 4.5] [--repeats 15] [--profile]
+    python benchmarks/bench_sampler.py [--steps 20] [--batch 8] [--guidance 4.5] [--repeats 15] [--threads 1]
+        [--models sanarl-tiny:shapes ...] [--overhead] [--profile]
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import _common
 import numpy as np
 import torch
-
-import _common
 
 PROMPTS = (
     "a red circle left of a blue square",
@@ -49,11 +49,23 @@ class Case:
     diffusers: Callable[[], torch.Tensor]
 
 
-def make_case(model: str, batch: int, steps: int, guidance: float, device: str) -> Case:
+def stub_transformer(adapter) -> None:
+    """Replace the transformer's forward by a trivial `v = 0.5 x` (config and parameters kept), so that timing the
+    two loops measures only their own per-step overhead (scheduler, CFG batching, casts, Python)."""
+
+    def forward(hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor]:
+        return (0.5 * hidden_states,)
+
+    adapter.transformer.forward = forward
+
+
+def make_case(model: str, batch: int, steps: int, guidance: float, device: str, stub: bool = False) -> Case:
     """Build both samplers over one loaded tiny model; each returns final latents [B, C, h, w] (float32)."""
     from sanarl.tasks.sampling import GenerationSpec, generate_latents
 
     adapter = _common.load_tiny(model, device)
+    if stub:
+        stub_transformer(adapter)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
     seeds = [1000 + i for i in range(batch)]
     cond = adapter.encode_prompts(prompts)
@@ -124,17 +136,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", nargs="+", default=list(_common.TINY_MODELS))
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (0 = torch's default); see README"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile one call of each sampler")
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="stub the transformer (v = 0.5 x): time the loops' own overhead",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     _common.quiet()
-    print(f"sampler: {args.steps} Euler steps, batch {args.batch}, CFG {args.guidance}, {SIZE}px")
+    what = "loop overhead only (stub transformer)" if args.overhead else f"{SIZE}px"
+    print(f"sampler: {args.steps} Euler steps, batch {args.batch}, CFG {args.guidance}, {what}")
     print(f"env: {_common.environment()}")
     ok = True
     for model in args.models:
-        case = make_case(model, args.batch, args.steps, args.guidance, args.device)
+        case = make_case(model, args.batch, args.steps, args.guidance, args.device, stub=args.overhead)
         diff = (case.sanarl() - case.diffusers()).abs().max().item()
         times = _common.interleaved_medians(
             {"sanarl": case.sanarl, "diffusers": case.diffusers}, args.repeats, warmup=2

@@ -171,6 +171,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     plugin = resolve_plugin(plugin_spec)
     check_plugin(plugin)
     cls = task_class(cfg)
+    _check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), loaded.ignored, cfg.train.output_dir)
     for note in loaded.notes:
@@ -181,13 +182,22 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     elif local_weights(name, cfg.policy.model_revision) is None:
         out.print(
             f"[yellow]warning:[/] weights for {name} are not available locally; training will stop at start. "
-            f"Run `huggingface-cli download {name}` where the Hub is reachable (and share HF_HOME), or set "
+            f"Run `hf download {name}` where the Hub is reachable (and share HF_HOME), or set "
             "`policy.model_name_or_path` to a local pipeline directory.",
             highlight=False,
         )
     else:
         out.print(f"weights: found locally for {name}.")
     out.print("[bold green]valid[/]")
+
+
+def _check_reward_names(cfg) -> None:
+    """Unknown reward names fail validation (the registry imports no model code)."""
+    from sanarl.rewards.registry import build_reward, known_rewards
+
+    for fn in cfg.train.train_policy.remote_reward.reward_fns:
+        if fn.name not in known_rewards():
+            build_reward(fn.name)  # raises the registry's ConfigError listing the known names
 
 
 @tools.command()

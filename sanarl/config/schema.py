@@ -209,6 +209,18 @@ class TrainPolicyConfig:
     """DiffusionNFT advantage transform: all | positive_only | negative_only | one_only | binary."""
     global_std: bool = True
     """Normalise advantages by the std of all rewards of the iteration (true) or of each prompt group (false)."""
+    clip_range: float = 1e-4
+    """Flow-GRPO PPO clip range on the importance ratio (mean log-prob scale)."""
+    sde_window_size: int = 0
+    """Flow-GRPO-Fast: stochastic steps per rollout inside a random window (0 = every step stochastic)."""
+    sde_window_range: list[int] = field(default_factory=lambda: [0, 10])
+    """Flow-GRPO-Fast: [a, b), the range of the window's start step."""
+    same_noise_per_group: bool = False
+    """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
+    ratio_warn_tolerance: float = 1e-3
+    """Flow-GRPO on-policy self-check: warn when the first micro-batch's |ratio - 1| exceeds this."""
+    cfg_in_training: bool = True
+    """Flow-GRPO: with guidance_scale != 1 the training forward uses CFG too (uncond branch detached)."""
     use_remote_reward: bool = False
     """Score through the reward service instead of in-process."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

@@ -27,7 +27,7 @@ def cache_dir() -> Path:
 def _missing_weights_message(name: str, reason: str) -> str:
     return (
         f'weights for `policy.model_name_or_path = "{name}"` are not available: {reason}. Provide them in one of '
-        f"two ways: (1) on a machine with Hub access run `huggingface-cli download {name}` and make its cache "
+        f"two ways: (1) on a machine with Hub access run `hf download {name}` and make its cache "
         "(HF_HOME) visible here, or (2) download the pipeline directory (model_index.json plus its component "
         "folders) and set `policy.model_name_or_path` to that local path (e.g. `--set "
         "policy.model_name_or_path=/data/models/...`)."

@@ -146,12 +146,27 @@ def build_sana_dcae_pipeline(seed: int = 0):
 TINY_BUILDERS: dict[str, Callable] = {"shapes": build_shapes_pipeline, "sana-dcae": build_sana_dcae_pipeline}
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent.parent.parent / "models"
+SHIPPED: dict[str, str] = {
+    "shapes-base": "tiny-shapes-base",
+}
+"""Trained tiny pipelines shipped in the repository's models/ folder (fp16), by tiny name."""
+
+
 def ensure_tiny_pipeline(name: str) -> Path:
-    """Directory of the tiny pipeline `name`, built atomically into the cache on first use."""
+    """Directory of the tiny pipeline `name`: a shipped trained one, or a random-init one built into the cache."""
+    if name in SHIPPED:
+        path = SHIPPED_DIR / SHIPPED[name]
+        if not (path / "model_index.json").is_file():
+            raise WeightsError(
+                f"the shipped model `sanarl-tiny:{name}` is missing at {path}; it ships with the repository "
+                "(use a git checkout with `pip install -e .`), or rebuild it with `sanarl bench shapes --rebuild-base`."
+            )
+        return path
     if name not in TINY_BUILDERS:
         raise WeightsError(
             f"unknown tiny model `sanarl-tiny:{name}` in `policy.model_name_or_path`; known: "
-            + ", ".join(f"sanarl-tiny:{k}" for k in TINY_BUILDERS)
+            + ", ".join(f"sanarl-tiny:{k}" for k in [*TINY_BUILDERS, *SHIPPED])
         )
     target = cache_dir() / "tiny" / f"{name}-v{TINY_VERSION}"
     if (target / "model_index.json").is_file():

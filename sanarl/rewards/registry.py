@@ -27,6 +27,9 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "jpeg_compressibility": ("sanarl.rewards.jpeg:JpegCompressibility", ""),
     "jpeg_incompressibility": ("sanarl.rewards.jpeg:JpegIncompressibility", ""),
     "shapes": ("sanarl.rewards.shapes:ShapesReward", ""),
+    "pickscore": ("sanarl.rewards.pickscore:PickScore", "pip install 'sanarl[rewards]'"),
+    "clipscore": ("sanarl.rewards.clipscore:ClipScore", "pip install 'sanarl[rewards]'"),
+    "aesthetic": ("sanarl.rewards.aesthetic:Aesthetic", "pip install 'sanarl[rewards]'"),
 }
 """Shipped rewards: name -> ("module:attribute", install hint for its optional packages)."""
 

@@ -119,7 +119,7 @@ class Task(ABC):
         """Metrics the last `micro_batches` call produced (RL: rewards, rollout timings); default none."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional hook, deliberately a no-op by default)
         """Release background resources (reward workers)."""
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:

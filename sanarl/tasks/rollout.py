@@ -14,8 +14,10 @@ thread pool: prompt p+1 is sampled while prompt p is scored.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -158,6 +160,29 @@ class RolloutEngine:
             metrics["reward_preview_kept_mean"] = float(np.mean([r.total.mean().item() for r in results]))
         metrics["time_rollout"] = time.perf_counter() - t0
         return groups, metrics
+
+    def rollout_with(
+        self,
+        prompts: list[str],
+        metadatas: list[dict],
+        seeds: list[list[int]],
+        sample_fn: Callable[[Cond, list[int]], tuple[torch.Tensor, Any]],
+    ) -> tuple[list[PromptGroup], list[Any], dict]:
+        """Family-free rollout for on-policy tasks (Flow-GRPO): `sample_fn(cond [1 row], seeds[p])` returns prompt
+        p's final latents [K, ...] and anything else it kept (e.g. its SDE trajectory); the groups are decoded and
+        scored as in `rollout` (prompt p is scored while p + 1 samples). Returns the groups, each group's extra,
+        and timings."""
+        t0 = time.perf_counter()
+        drafts, extras = [], []
+        for prompt, meta, group in zip(prompts, metadatas, seeds, strict=True):
+            cond = self.adapter.encode_prompts([prompt])
+            latents, extra = sample_fn(cond, group)
+            images = self.adapter.decode(latents).cpu()
+            drafts.append((prompt, meta, cond, group, latents, images, self._score(images, prompt, meta)))
+            extras.append(extra)
+        groups = [PromptGroup(*d[:-1], d[-1].result()) for d in drafts]
+        images = float(sum(len(g) for g in seeds))
+        return groups, extras, {"time_rollout": time.perf_counter() - t0, "rollout_images": images}
 
     def _keep(self, draft: tuple, result: RewardResult) -> PromptGroup:
         prompt, meta, cond, seeds, latents, images, _ = draft

@@ -253,15 +253,18 @@ class Runner:
         cfg, acc = self.cfg, self.acc
         self.task.run_dir = self.run_dir
         self.maybe_resume()
-        logger = MetricsLogger(
-            self.run_dir,
-            cfg.logging.logger,
-            project=cfg.logging.project_name,
-            experiment=cfg.logging.experiment_name,
-            config=config_to_dict(cfg),
-            enabled=acc.is_main_process,
-            resume=self.start_step > 0,
-        )
+        try:
+            logger = MetricsLogger(
+                self.run_dir,
+                cfg.logging.logger,
+                project=cfg.logging.project_name,
+                experiment=cfg.logging.experiment_name,
+                config=config_to_dict(cfg),
+                enabled=acc.is_main_process,
+                resume=self.start_step > 0,
+            )
+        except ImportError as err:
+            raise UserError(str(err)) from None
         val = cfg.validation
         if val.enable and val.val_before_train and self.start_step == 0:
             self.validate(0, logger)

@@ -149,7 +149,7 @@ def test_missing_hub_weights_stop_with_instructions(run_cli, tmp_path):
         "--set",
         f"train.train_policy.dataset.local_dir={ROOT / 'datasets' / 'examples' / 'sft'}",
     )
-    assert "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers" in msg and "huggingface-cli download" in msg
+    assert "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers" in msg and "hf download" in msg
 
 
 def test_unavailable_task_is_named(run_cli, tmp_path):

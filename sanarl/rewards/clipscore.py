@@ -1,0 +1,48 @@
+"""The `clipscore` reward: cosine similarity of CLIP ViT-L/14 image and text embeddings (Radford et al. 2021).
+
+    clipscore = cos(image_embedding, text_embedding) = logits_per_image / 100   (OpenAI CLIP's logit scale is 100)
+
+in [-1, 1], about 0.2-0.35 for matching pairs. Model `openai/clip-vit-large-patch14` (transformers CLIPModel and
+its own processor). Key: `clipscore`. Images are preprocessed on tensors (see clip_models).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sanarl.rewards.clip_models import ClipReward
+
+CLIPSCORE_MODEL = "openai/clip-vit-large-patch14"
+
+
+class ClipScore(ClipReward):
+    """Cosine similarity between each image and its prompt in CLIP space.
+
+    Args:
+        model: CLIP model directory or Hub id.
+        processor: processor directory or Hub id (None = the model's own).
+        device, dtype, batch_size: see `ClipReward`.
+    """
+
+    name = "clipscore"
+    keys = ("clipscore",)
+    default_key = "clipscore"
+
+    def __init__(
+        self,
+        model: str = CLIPSCORE_MODEL,
+        processor: str | None = None,
+        device: str | None = None,
+        dtype: str = "float32",
+        batch_size: int = 32,
+    ) -> None:
+        super().__init__(model, processor, device, dtype, batch_size)
+
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        """Images `[B, 3, H, W]` in [0, 1] and B prompts -> `{clipscore: [B]}` in [-1, 1]."""
+        encoder = self._encoder()
+        return {"clipscore": (encoder.image_features(images) * encoder.text_features(prompts)).sum(dim=-1)}

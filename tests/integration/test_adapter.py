@@ -1,0 +1,87 @@
+"""The SANA adapter on tiny pipelines: the model call matches the diffusers convention, CFG, latents, offload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sanarl.config.schema import PolicyConfig
+from sanarl.models import Cond, load_adapter
+from sanarl.models.pixel_ae import PixelAutoencoder
+
+pytestmark = pytest.mark.slow
+
+
+def policy(name: str, **diff) -> PolicyConfig:
+    p = PolicyConfig(model_name_or_path=f"sanarl-tiny:{name}")
+    p.diffusers.complex_human_instruction = False
+    p.diffusers.max_prompt_length = 12
+    for k, v in diff.items():
+        setattr(p.diffusers, k, v)
+    return p
+
+
+@pytest.fixture(scope="module")
+def dcae():
+    return load_adapter(policy("sana-dcae"))
+
+
+def test_velocity_is_the_transformer_at_timestep_1000_s_with_the_text_mask(dcae):
+    cond = dcae.encode_prompts(["a red circle", "two blue squares above a green triangle"])
+    assert cond.mask.tolist()[0][:4] == [1, 1, 1, 0]
+    x = torch.randn(2, *dcae.latent_shape(32, 32))
+    s = torch.tensor([0.3, 0.9])
+    direct = dcae.transformer(
+        x,
+        encoder_hidden_states=cond.embeds,
+        encoder_attention_mask=cond.mask,
+        timestep=1000 * s,
+        return_dict=False,
+    )[0]
+    assert torch.allclose(dcae.velocity(x, s, cond), direct)
+    masked = Cond(cond.embeds.clone(), cond.mask)
+    masked.embeds[0, 3:] = 99.0  # padding positions must not matter
+    assert torch.allclose(dcae.velocity(x, s, masked)[0], direct[0], atol=1e-5)
+
+
+def test_guided_velocity_is_the_cfg_formula(dcae):
+    cond = dcae.encode_prompts(["a red circle"])
+    uncond = dcae.encode_prompts([""])
+    x = torch.randn(3, *dcae.latent_shape(32, 32))
+    s = torch.tensor([0.2, 0.5, 0.7])
+    v_c = dcae.velocity(x, s, cond)
+    v_u = dcae.velocity(x, s, uncond)
+    assert torch.allclose(dcae.guided_velocity(x, s, cond, uncond, 4.5), v_u + 4.5 * (v_c - v_u), atol=1e-5)
+    assert torch.equal(dcae.guided_velocity(x, s, cond, uncond, 1.0), v_c)
+
+
+def test_dcae_latents_are_scaled_by_the_vae_factor(dcae):
+    images = torch.rand(2, 3, 32, 32)
+    raw = dcae.vae.encode(2 * images - 1).latent
+    assert torch.allclose(dcae.encode_images(images), raw * dcae.vae.config.scaling_factor)
+    assert dcae.decode(dcae.encode_images(images)).shape == images.shape
+
+
+def test_pixel_autoencoder_is_exactly_invertible():
+    ae = PixelAutoencoder(factor=2)
+    x = torch.rand(2, 3, 8, 8) * 2 - 1
+    z = ae.encode(x).latent
+    assert z.shape == (2, 12, 4, 4) and torch.equal(ae.decode(z).sample, x)
+    assert z[0, :4, 0, 0].tolist() == [x[0, 0, 0, 0].item(), x[0, 0, 0, 1].item(), x[0, 0, 1, 0].item(),
+                                       x[0, 0, 1, 1].item()]  # fmt: skip
+    with pytest.raises(ValueError, match="power of two"):
+        PixelAutoencoder(factor=3)
+
+
+def test_offload_keeps_frozen_parts_on_cpu_and_gives_the_same_numbers(dcae):
+    off = load_adapter(policy("sana-dcae", offload=True))
+    cond_a, cond_b = dcae.encode_prompts(["a red circle"]), off.encode_prompts(["a red circle"])
+    assert torch.equal(cond_a.embeds, cond_b.embeds)
+    assert next(off.text_encoder.parameters()).device.type == "cpu"
+
+
+def test_shapes_vocabulary_covers_every_caption():
+    from sanarl.datasets.shapes_world import caption_vocabulary
+    from sanarl.models.tiny import SHAPES_VOCABULARY
+
+    assert set(caption_vocabulary()) <= set(SHAPES_VOCABULARY)

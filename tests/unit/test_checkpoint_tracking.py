@@ -1,0 +1,69 @@
+"""Checkpoints (atomic, rotated, resolvable) and run metrics (jsonl, tensorboard, plot)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sanarl.core.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
+from sanarl.core.tracking import MetricsLogger, plot_metrics, read_metrics
+
+
+def save(root, step, value=1.0, max_keep=0):
+    tensors = {"model": {"w": torch.full((2, 2), value)}, "ema": {"w": torch.zeros(2)}}
+    return save_checkpoint(root, step, tensors, {"optimizer": {"lr": 0.1}}, {"world_size": 1}, max_keep)
+
+
+def test_round_trip_and_rotation(tmp_path):
+    for step in (5, 10, 15):
+        save(tmp_path, step, value=step, max_keep=2)
+    kept = list_checkpoints(tmp_path)
+    assert [p.name for p in kept] == ["step_00000010", "step_00000015"]
+    tensors, state, meta = load_checkpoint(kept[-1])
+    assert torch.equal(tensors["model"]["w"], torch.full((2, 2), 15.0))
+    assert state == {"optimizer": {"lr": 0.1}} and meta == {"world_size": 1, "step": 15}
+    assert not list(tmp_path.glob(".staging-*"))
+
+
+def test_incomplete_checkpoints_are_never_resumed(tmp_path):
+    save(tmp_path, 4)
+    (tmp_path / "step_00000008").mkdir()  # a kill mid-save could leave this only without the atomic rename
+    (tmp_path / ".staging-abc").mkdir()
+    assert resolve_resume(True, tmp_path).name == "step_00000004"
+
+
+def test_resolve_resume_forms(tmp_path):
+    assert resolve_resume(False, tmp_path) is None
+    assert resolve_resume(True, tmp_path / "none-yet") is None  # first run of a resumable preset starts fresh
+    path = save(tmp_path / "run" / "checkpoints", 3)
+    assert resolve_resume(str(path), tmp_path) == path
+    assert resolve_resume(str(tmp_path / "run"), tmp_path) == path
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        resolve_resume(str(tmp_path / "empty"), tmp_path)
+
+
+def test_metrics_logger_writes_jsonl_tensorboard_and_a_plot(tmp_path):
+    logger = MetricsLogger(tmp_path, ["console", "tensorboard"], project="p", experiment="e", config={"a": 1})
+    for step in range(1, 4):
+        logger.log(step, {"loss": 1.0 / step, "bad": float("nan")})
+    logger.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["loss"] for r in records] == [1.0, 0.5, pytest.approx(1 / 3)]
+    assert records[0]["bad"] is None
+    assert any((tmp_path / "tensorboard").iterdir())
+    assert (
+        plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "m.png", ["loss", "absent"]) == tmp_path / "m.png"
+    )
+    assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "n.png", ["absent"]) is None
+
+
+def test_resumed_logger_appends(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    logger = MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=True)
+    logger.log(2, {"loss": 1.0})
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    fresh = MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=False)
+    fresh.log(1, {"loss": 3.0})
+    assert [r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [3.0]
