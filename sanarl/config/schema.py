@@ -190,6 +190,28 @@ class RemoteRewardConfig:
 
 
 @dataclass
+class SoarConfig:
+    """`[train.train_policy.soar]`: SOAR self-correction (ALGORITHMS.md section 6)."""
+
+    lambda_aux: float = 1.0
+    """Weight of the auxiliary corrective loss."""
+    num_rollout_paths: int = 1
+    """M: one ODE path plus M - 1 stochastic paths."""
+    trajectory_length: int = 6
+    """P: auxiliary points per path."""
+    num_sampling_steps: int = 40
+    """The one-step rollout moves by 1 / num_sampling_steps in t."""
+    sde_rollout_type: str = "flow_sde"
+    """Stochastic path step: simple | sde | flow_sde | cps."""
+    sde_noise_scale: float = 0.5
+    """Noise scale (eta) of the stochastic paths."""
+    cfg_scale_sampling: float = 4.5
+    """CFG weight of the rollout velocity (computed without gradient)."""
+    sigma_upper_ratio: float = 1.5
+    """Auxiliary sigmas are drawn from U[s1, min(ratio * s0, 1)] (the public code hard-codes 1; sanarl honours it)."""
+
+
+@dataclass
 class TrainPolicyConfig:
     """`[train.train_policy]`: the task."""
 
@@ -214,7 +236,7 @@ class TrainPolicyConfig:
     sde_window_size: int = 0
     """Flow-GRPO-Fast: stochastic steps per rollout inside a random window (0 = every step stochastic)."""
     sde_window_range: list[int] = field(default_factory=lambda: [0, 10])
-    """Flow-GRPO-Fast: [a, b), the range of the window's start step."""
+    """Flow-GRPO-Fast: [r0, r1), the steps the window lies inside (its start is uniform in [r0, r1 - size])."""
     same_noise_per_group: bool = False
     """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
     ratio_warn_tolerance: float = 1e-3
@@ -225,6 +247,7 @@ class TrainPolicyConfig:
     """Score through the reward service instead of in-process."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
+    soar: SoarConfig = field(default_factory=SoarConfig)
 
 
 @dataclass

@@ -1,0 +1,353 @@
+"""SOAR: reward-free self-correction on (image, caption) data (HY-SOAR, arXiv 2604.12617; ALGORITHMS.md section 6).
+
+Per sample: z0 = VAE(x), noise z1, u ~ the timestep density, s0 = shift(u), z_s0 = (1 - s0) z0 + s0 z1.
+
+    L_main = sum_b w(s0) mse(v_theta(z_s0, s0, c), z1 - z0)          w = 1 for logit_normal / mode / uniform
+    v_cfg  = v_u + w_cfg (v_c - v_u) at z_s0, no grad, uncond = ""  (w_cfg = soar.cfg_scale_sampling)
+    t1 = max(u - 1 / num_sampling_steps, 0), s1 = shift(t1); samples with t1 = 0 ("at the boundary") get no aux
+    for each of M paths (path 0: Euler, paths 1..M-1: one `sde_rollout_type` step) z1' = step(z_s0, v_cfg, s0 -> s1)
+      for each of P points: s' ~ U[s1, min(ratio s0, 1)], z' = renoise_toward(z1', z1, s1, s'),
+                            L_aux += sum mse(v_theta(z', s', c), (z' - z0) / s')
+    loss = (L_main + lambda_aux L_aux) / max(N_main + lambda_aux N_aux, 1)     N_* summed over all ranks
+
+Boundary rule: with t1 = 0 the rollout lands on s1 = 0 and s' ~ U[0, s_up] comes arbitrarily close to 0, where the
+target (z' - z0) / s' divides the rollout's error by s'; so such samples keep only the main loss, every path
+included (N_aux = M P per non-boundary sample, 0 at the boundary), and the fraction is logged.
+
+Normalisation with accumulation and data parallelism: the step's counts N_main, N_aux are known before any forward
+(they depend only on the drawn u), so `micro_batches` all-reduces them once and gives every micro-batch the factor
+K W / max(N_main + lambda_aux N_aux, 1) (K micro-batches per rank, W ranks). The runner divides each micro-batch
+loss by K and DDP averages gradients over W, so the applied gradient is that of
+sum_{all ranks, all micro-batches} (L_main + lambda_aux L_aux) / max(N_main + lambda_aux N_aux, 1): the same for
+1 x 8 and 4 x 2 micro-batches and for 1 or 2 ranks. The main and auxiliary rows go through one forward.
+
+Per-sample randomness (u, z1, caption dropout, s', the stochastic paths' noise) is drawn for the whole per-rank
+batch in `micro_batches` from the step generator, so any micro-batch split gives the same numbers. Data comes from
+the plugin's `batch_items(step, rank, world, per_rank)` hook when its dataset has one (bucketed datasets such as
+`sanarl.datasets.soar_jsonl`), else from `sanarl.tasks.data.step_indices` as in SFT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from sanarl.config.schema import Config, SoarConfig
+from sanarl.core.flow import interpolate, velocity_target
+from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward, soar_normaliser, soar_step
+from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
+from sanarl.datasets.common import collate as default_collate
+from sanarl.errors import ConfigError, DataError
+from sanarl.models.base import Cond
+from sanarl.tasks.base import Task, per_rank_batch
+from sanarl.tasks.data import split_batch, step_indices
+
+ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
+"""Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
+KEY = "train.train_policy.soar"
+
+
+def check_soar_config(soar: SoarConfig) -> None:
+    """Raise ConfigError (naming the key and the fix) for SOAR settings outside their domain."""
+    checks = [
+        (
+            soar.num_rollout_paths >= 1,
+            "num_rollout_paths",
+            "must be >= 1 (1 = the ODE path only, the default)",
+        ),
+        (
+            soar.trajectory_length >= 1,
+            "trajectory_length",
+            "must be >= 1 auxiliary point per path (default 6)",
+        ),
+        (
+            soar.num_sampling_steps >= 1,
+            "num_sampling_steps",
+            "must be >= 1 (the rollout step is 1/N in t; 40)",
+        ),
+        (soar.sigma_upper_ratio >= 1.0, "sigma_upper_ratio", "must be >= 1 so that s_up >= s1 (default 1.5)"),
+        (soar.lambda_aux >= 0.0, "lambda_aux", "must be >= 0 (0 = plain flow matching; default 1.0)"),
+        (soar.sde_noise_scale >= 0.0, "sde_noise_scale", "must be >= 0 (default 0.5)"),
+        (
+            soar.sde_rollout_type in ROLLOUT_TYPES,
+            "sde_rollout_type",
+            f"must be one of {', '.join(ROLLOUT_TYPES)} (default flow_sde)",
+        ),
+    ]
+    for ok, name, rule in checks:
+        if not ok:
+            raise ConfigError(
+                f"`{KEY}.{name}` = {getattr(soar, name)!r} {rule}; fix it in the preset or with "
+                f"`--set {KEY}.{name}=...`."
+            )
+
+
+def soar_levels(u: Tensor, num_sampling_steps: int, shift: float) -> tuple[Tensor, Tensor, Tensor]:
+    """u [B] -> (s0, s1, active) [B]: s0 = shift(u), t1 = max(u - 1/N, 0), s1 = shift(t1), active = t1 > 0."""
+    t1 = (u - 1.0 / num_sampling_steps).clamp(min=0.0)
+    return u_to_sigma(u, shift), u_to_sigma(t1, shift), t1 > 0
+
+
+def draw_randomness(
+    count: int,
+    latent: tuple[int, ...],
+    cfg: Config,
+    shift: float,
+    rng: torch.Generator,
+) -> dict[str, Tensor]:
+    """Every random number of a step's per-rank batch, drawn at once (micro-batch split invariant).
+
+    Returns [B] tensors u, s0, s1, active (bool), keep_caption (bool); noise [B, *latent];
+    s_prime [B, M, P] (`aux_sigmas` per path); path_noise [B, M - 1, *latent] for the stochastic paths.
+    """
+    diff, soar = cfg.policy.diffusers, cfg.train.train_policy.soar
+    u = sample_u(
+        diff.weighting_scheme,
+        count,
+        generator=rng,
+        logit_mean=diff.logit_mean,
+        logit_std=diff.logit_std,
+        mode_scale=diff.mode_scale,
+    )
+    noise = torch.randn((count, *latent), generator=rng)
+    keep = torch.rand(count, generator=rng) >= diff.caption_dropout
+    s0, s1, active = soar_levels(u, soar.num_sampling_steps, shift)
+    paths = soar.num_rollout_paths
+    s_prime = torch.stack(
+        [aux_sigmas(s1, s0, soar.trajectory_length, soar.sigma_upper_ratio, rng) for _ in range(paths)], dim=1
+    )
+    path_noise = torch.randn((count, paths - 1, *latent), generator=rng)
+    return {
+        "u": u,
+        "s0": s0,
+        "s1": s1,
+        "active": active,
+        "keep_caption": keep,
+        "noise": noise,
+        "s_prime": s_prime,
+        "path_noise": path_noise,
+    }
+
+
+@dataclass
+class AuxPoints:
+    """Auxiliary training points of a micro-batch, ordered (sample, path, point).
+
+    z [N, ...] re-noised rollout points; s [N] their levels s'; target [N, ...] = (z - z0) / s';
+    owner [N] (long) the micro-batch row each point comes from.
+    """
+
+    z: Tensor
+    s: Tensor
+    target: Tensor
+    owner: Tensor
+
+
+def aux_points(
+    z0: Tensor,
+    z1: Tensor,
+    z_s0: Tensor,
+    v_cfg: Tensor,
+    draws: dict[str, Tensor],
+    kind: str,
+    noise_scale: float,
+) -> AuxPoints:
+    """Roll out M one-step paths from the active samples and re-noise P points per path toward the same z1.
+
+    z0, z1, z_s0, v_cfg [B, ...]; draws: s0, s1, active [B], s_prime [B, M, P], path_noise [B, M - 1, ...]
+    (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`).
+    N = (number of active samples) x M x P.
+    """
+    idx = draws["active"].nonzero().flatten()
+    if idx.numel() == 0:
+        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], idx)
+    s0, s1 = draws["s0"][idx], draws["s1"][idx]
+    paths, points = draws["s_prime"].shape[1:]
+    zs, ss, targets = [], [], []
+    for m in range(paths):
+        noise = None if m == 0 else draws["path_noise"][idx, m - 1]
+        z1p = soar_step("ode" if m == 0 else kind, z_s0[idx], v_cfg[idx], s0, s1, noise_scale, noise)
+        for p in range(points):
+            sp = draws["s_prime"][idx, m, p]
+            zp = renoise_toward(z1p, z1[idx], s1, sp)
+            zs.append(zp)
+            ss.append(sp)
+            targets.append(corrective_target(zp, z0[idx], sp))
+    return AuxPoints(
+        z=torch.stack(zs, dim=1).flatten(0, 1),
+        s=torch.stack(ss, dim=1).flatten(0, 1),
+        target=torch.stack(targets, dim=1).flatten(0, 1),
+        owner=idx.repeat_interleave(paths * points),
+    )
+
+
+def global_sum(values: list[float], device: torch.device | str) -> list[float]:
+    """`values` summed over all ranks (torch.distributed when initialised with more than one rank)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def loss_scale(n_main: float, n_aux: float, lambda_aux: float, micro: int, world: int) -> float:
+    """Factor of a micro-batch's loss sum: K W / max(N_main + lambda_aux N_aux, 1) with global counts.
+
+    The runner divides every micro-batch loss by K and DDP averages over W ranks, so the applied gradient is
+    that of the global sum divided by the global normaliser (module docstring)."""
+    return micro * world / float(soar_normaliser(n_main, n_aux, lambda_aux))
+
+
+class SOARTask(Task):
+    """The `sft` / `soar` task: flow matching plus the self-correction loss on the model's own rollout steps."""
+
+    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+        super().__init__(cfg, adapter, plugin, rank=rank, world=world)
+        self.soar = cfg.train.train_policy.soar
+        check_soar_config(self.soar)
+        self.train_dataset = plugin.get_dataset(cfg)
+        if len(self.train_dataset) == 0:
+            raise DataError(
+                f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
+            )
+        self.collate = getattr(plugin, "collate", default_collate)
+        sample = cfg.policy.diffusers.sample
+        self.shift = sample.flow_shift if sample.flow_shift is not None else adapter.default_shift
+        self._uncond: Cond | None = None
+        self._metrics: dict[str, float] = {}
+        self._check_buckets()
+
+    def _check_buckets(self) -> None:
+        """Bucketed datasets: some bucket fills a global batch, and every bucket size suits the VAE."""
+        ds = self.train_dataset
+        if hasattr(ds, "check_batch"):
+            ds.check_batch(self.cfg.train.train_batch_per_replica)
+        for (height, width), rows in getattr(ds, "buckets", {}).items():
+            try:
+                self.adapter.latent_shape(height, width)
+            except ValueError as err:
+                where = ds.describe_row(rows[0]) if hasattr(ds, "describe_row") else f"row {rows[0]}"
+                raise DataError(
+                    f"{where}: bucket bh x bw = {height} x {width} does not suit the model ({err}); fix `bw` / "
+                    "`bh` of its rows (multiples of the VAE factor times the patch size) or drop them."
+                ) from None
+
+    def steps_per_epoch(self) -> int:
+        ds, batch = self.train_dataset, self.cfg.train.train_batch_per_replica
+        if hasattr(ds, "num_batches"):
+            return max(1, ds.num_batches(batch))
+        return max(1, len(ds) // batch)
+
+    def _items(self, step: int) -> list[dict]:
+        ds, per_rank = self.train_dataset, self.per_rank_batch()
+        if hasattr(ds, "batch_items"):
+            return ds.batch_items(step, self.rank, self.world, per_rank)
+        idx = step_indices(
+            len(ds), self.cfg.train.seed, step, rank=self.rank, world=self.world, per_rank=per_rank
+        )
+        return [ds[i] for i in idx]
+
+    def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+        batch = self.collate(self._items(step))
+        if "image" not in batch:
+            raise DataError(
+                f"plugin `{self.plugin.__name__}` returned items without an `image` for SOAR; its items are "
+                '{"prompt": str, "image": FloatTensor[3,H,W] in [0,1]} (docs/plugins.md).'
+            )
+        count = len(batch["prompt"])
+        latent = self.adapter.latent_shape(*batch["image"].shape[-2:])
+        batch.update(draw_randomness(count, latent, self.cfg, self.shift, rng))
+        soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
+        per_path = soar.num_rollout_paths * soar.trajectory_length
+        n_active = int(batch["active"].sum())
+        n_main, n_aux, n_edge = global_sum(
+            [count, n_active * per_path, count - n_active], self.adapter.device
+        )
+        micro = -(-count // mini)
+        scale = loss_scale(n_main, n_aux, soar.lambda_aux, micro, self.world)
+        batch["loss_scale"] = torch.full((count,), scale, dtype=torch.float64)
+        batch["main_scale"] = torch.full((count,), micro / count, dtype=torch.float64)
+        batch["aux_scale"] = torch.full((count,), micro / max(n_active * per_path, 1), dtype=torch.float64)
+        self._metrics = {"num_aux_points": n_aux, "boundary_fraction": n_edge / max(n_main, 1.0)}
+        return split_batch(batch, mini)
+
+    def collect_metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    @torch.no_grad()
+    def rollout_velocity(self, z: Tensor, s: Tensor, cond: Cond) -> Tensor:
+        """v_cfg = v_u + w (v_c - v_u) with the current weights, no grad, on the unwrapped transformer."""
+        w = self.soar.cfg_scale_sampling
+        if w != 1.0 and self._uncond is None:
+            self._uncond = self.adapter.encode_prompts([""])
+        uncond = self._uncond if w != 1.0 else None
+        return self.adapter.guided_velocity(z, s, cond, uncond, w, module=self.adapter.transformer)
+
+    def _conds(self, batch: dict) -> tuple[Cond, Cond]:
+        """(caption cond for the rollout, cond of the trained forwards with caption dropout applied)."""
+        prompts, keep = batch["prompt"], batch["keep_caption"].tolist()
+        cond = self.adapter.encode_prompts(list(prompts))
+        if all(keep):
+            return cond, cond
+        dropped = [p if k else "" for p, k in zip(prompts, keep, strict=True)]
+        return cond, self.adapter.encode_prompts(dropped)
+
+    def objective(self, batch: dict, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
+        adapter, soar = self.adapter, self.soar
+        z0 = adapter.encode_images(batch["image"])
+        draws = {k: batch[k].to(z0.device) for k in ("s0", "s1", "active", "s_prime", "path_noise")}
+        z1 = batch["noise"].to(z0.device)
+        s0 = draws["s0"]
+        z_s0 = interpolate(z0, z1, s0)
+        cond, train_cond = self._conds(batch)
+        v_cfg = self.rollout_velocity(z_s0, s0, cond)
+        aux = aux_points(z0, z1, z_s0, v_cfg, draws, soar.sde_rollout_type, soar.sde_noise_scale)
+        x = torch.cat([z_s0, aux.z])
+        s = torch.cat([s0, aux.s])
+        v = adapter.velocity(x, s, Cond.cat([train_cond, train_cond.select(aux.owner)]))
+        err = (v - torch.cat([velocity_target(z0, z1), aux.target])).pow(2).flatten(1).mean(1)
+        count = z0.shape[0]
+        main_sum = (loss_weight(self.cfg.policy.diffusers.weighting_scheme, s0) * err[:count]).sum()
+        aux_sum = err[count:].sum()
+        loss = (main_sum + soar.lambda_aux * aux_sum) * float(batch["loss_scale"][0])
+        return loss, {
+            "loss": loss.item(),
+            "loss_main": main_sum.item() * float(batch["main_scale"][0]),
+            "loss_aux": aux_sum.item() * float(batch["aux_scale"][0]),
+            "sigma_mean": s0.mean().item(),
+        }
+
+    @staticmethod
+    def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
+        """The batch arithmetic and the SOAR point counts, without loading a model (`sanarl validate`)."""
+        train, soar = cfg.train, cfg.train.train_policy.soar
+        check_soar_config(soar)
+        bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
+        per_rank = per_rank_batch(cfg, world)
+        per_epoch = max(1, dataset_size // bpr)
+        total = train.epoch * per_epoch
+        if train.max_num_steps is not None:
+            total = min(total, train.max_num_steps)
+        points = soar.num_rollout_paths * soar.trajectory_length
+        return [
+            ("dataset items", str(dataset_size)),
+            ("batch per step", f"{bpr} (train_batch_per_replica) / {world} rank(s) = {per_rank} per rank"),
+            ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank per step"),
+            (
+                "steps",
+                f"{per_epoch} per epoch (bucketed data: fewer, each bucket's remainder sits out) x {train.epoch} "
+                f"epoch(s) -> {total} optimizer steps",
+            ),
+            (
+                "SOAR points",
+                f"1 main + {soar.num_rollout_paths} path(s) x {soar.trajectory_length} = {points} aux per sample "
+                f"(none at the t1 = 0 boundary); trained rows per micro-batch <= {mb * (1 + points)}, plus "
+                f"{2 * mb if soar.cfg_scale_sampling != 1.0 else mb} no-grad CFG rows",
+            ),
+            (
+                "loss",
+                f"(L_main + {soar.lambda_aux} L_aux) / max(N_main + {soar.lambda_aux} N_aux, 1), counts over ranks",
+            ),
+        ]
