@@ -34,9 +34,9 @@ def train(run_dir: Path, steps: int) -> None:
 
 def export(run_dir: Path, target: Path = TARGET) -> Path:
     """EMA weights of the newest checkpoint of `run_dir` -> a pipeline directory at `target`."""
-    import sanarl.models.pixel_ae  # noqa: F401
     from diffusers import SanaPipeline
 
+    import sanarl.models.pixel_ae  # noqa: F401
     from sanarl.core.checkpoint import list_checkpoints, load_checkpoint
     from sanarl.models.tiny import ensure_tiny_pipeline
 
@@ -46,13 +46,17 @@ def export(run_dir: Path, target: Path = TARGET) -> Path:
     pipe = SanaPipeline.from_pretrained(str(ensure_tiny_pipeline("shapes")))
     missing, unexpected = pipe.transformer.load_state_dict(weights, strict=False)
     if unexpected or [k for k in missing if k in dict(pipe.transformer.named_parameters())]:
-        raise SystemExit(f"checkpoint does not fit the tiny shapes transformer: {missing[:3]} {unexpected[:3]}")
+        raise SystemExit(
+            f"checkpoint does not fit the tiny shapes transformer: {missing[:3]} {unexpected[:3]}"
+        )
     pipe.transformer.to(torch.float16)
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     pipe.save_pretrained(str(staging))
     (staging / "SANARL_RECIPE.json").write_text(
-        json.dumps({"preset": "presets/tiny-shapes-sft.toml", "steps": meta["step"], "weights": "EMA"}, indent=2)
+        json.dumps(
+            {"preset": "presets/tiny-shapes-sft.toml", "steps": meta["step"], "weights": "EMA"}, indent=2
+        )
     )
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -60,7 +64,9 @@ def export(run_dir: Path, target: Path = TARGET) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--from-run", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=ROOT / "outputs" / "shapes-base-run")
