@@ -8,7 +8,7 @@
    while the previous one is scored) vs strictly sequential scoring, with the real `shapes` reward and with a
    simulated slow reward (a fixed delay per call, like a remote reward service).
 
-    python benchmarks/bench_nft_rollout.py [--prompts 8] [--repeats 3] [--preview-step 2]
+    python benchmarks/bench_nft_rollout.py [--prompts 8] [--repeats 3] [--preview-step 2] [--only search|overlap]
 """
 
 from __future__ import annotations
@@ -120,9 +120,14 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preview-step", type=int, default=2)
+    parser.add_argument(
+        "--only", choices=("search", "overlap"), default=None, help="run one of the two parts"
+    )
     args = parser.parse_args()
-    search_benchmark(args)
-    overlap_benchmark(args)
+    if args.only in (None, "search"):
+        search_benchmark(args)
+    if args.only in (None, "overlap"):
+        overlap_benchmark(args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Runs `presets/tiny-shapes-nft.toml` (or `--preset`) for `--steps` iterations, th
 model (EMA weights, as exported) on the same held-out prompts and seeds, CFG-free like the rollouts, and prints
 partial / strict judge scores, their standard errors and the wall time the training took.
 
-    python benchmarks/bench_nft_shapes.py [--steps 40] [--eval 256] [--preset presets/tiny-shapes-nft.toml]
+    python benchmarks/bench_nft_shapes.py [--steps 40] [--eval 256] [--preset ...] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--preset", default=str(ROOT / "presets" / "tiny-shapes-nft.toml"))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval", type=int, default=256)
+    parser.add_argument("--set", action="append", default=[], help="extra preset override (repeatable)")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="sanarl-bench-nft-"))
     loaded = load_config(

@@ -1,17 +1,163 @@
-"""`sanarl-reward`: the asynchronous reward service (FastAPI + Redis + workers).
+"""`sanarl-reward --config reward_service/configs/rewards.toml`: the asynchronous reward service.
 
-The service is tracked as its own piece of work and is not part of this release; the command says so and exits
-with status 2 instead of starting something half-built. Rewards run in-process in the trainer meanwhile.
+Starts (in order) the Redis it uses (the external `redis_url`, checked, or an embedded redis-server), the worker
+processes, and the HTTP API under uvicorn; SIGINT / SIGTERM stop all of it. Bad input (config, reward names or
+options, missing redis-server, unreachable Redis) exits with code 2 and a one-paragraph message; `--debug` adds
+the traceback.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
+import os
+import signal
 import sys
+import traceback
+
+from sanarl.errors import ConfigError, UserError
+
+
+class Stopped(Exception):
+    """SIGTERM / SIGINT arrived (raised by our handler so that the cleanup in `serve` always runs)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sanarl-reward", description="The sanarl reward service.")
+    parser.add_argument(
+        "--config", required=True, help="rewards.toml (see reward_service/configs/rewards.toml)"
+    )
+    parser.add_argument("--host", help="override `host`")
+    parser.add_argument("--port", type=int, help="override `port`")
+    parser.add_argument("--workers", type=int, help="override `workers.count`")
+    parser.add_argument("--debug", action="store_true", help="tracebacks for bad input; debug logging")
+    return parser
+
+
+def _load(args: argparse.Namespace):
+    """Load and check the config file with the command-line overrides; returns (config, token)."""
+    from reward_service.config import load_service_config
+
+    config = load_service_config(args.config)
+    if args.host is not None:
+        config.host = args.host
+    if args.port is not None:
+        config.port = args.port
+    if args.workers is not None:
+        if args.workers < 0:
+            raise ConfigError(f"--workers {args.workers}: the worker count must be >= 0.")
+        config.workers.count = args.workers
+    if args.debug:
+        config.log_level = "debug"
+    return config, config.resolved_token()
+
+
+def _external_redis(url: str, source: str) -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+    except (redis.RedisError, ValueError) as exc:
+        raise ConfigError(
+            f"{source}: cannot reach redis_url = {url!r} ({exc}); start that Redis, fix the URL, or leave redis_url "
+            "empty to let the service start its own redis-server."
+        ) from None
+    return url
+
+
+def _start_embedded(embedded) -> str:
+    try:
+        embedded.start()
+    except (RuntimeError, OSError) as exc:
+        raise ConfigError(
+            f"the embedded redis-server did not start ({exc}); free the port or choose another `[redis] port`, "
+            "or set redis_url to a running Redis."
+        ) from None
+    return embedded.url
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Run the service until interrupted. Workers boot while this process checks every reward (names, options),
+    so a bad `[[reward_args]]` entry still stops everything with a ConfigError before the API serves."""
+    import uvicorn
+
+    from reward_service.app import create_app
+    from reward_service.embedded_redis import EmbeddedRedis
+    from reward_service.rewards_setup import build_rewards
+    from reward_service.supervisor import Supervisor
+
+    config, token = _load(args)
+    # uvicorn re-raises SIGTERM / SIGINT after its graceful shutdown: ours turns it into Stopped, so the
+    # cleanup below runs.
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s sanarl-reward %(levelname)s %(message)s"
+    )
+    embedded = None if config.redis_url else EmbeddedRedis(config.redis)
+    supervisor = None
+    try:
+        url = (
+            _external_redis(config.redis_url, config.source)
+            if embedded is None
+            else _start_embedded(embedded)
+        )
+        supervisor = Supervisor(args.config, config, url, embedded).start()
+        build_rewards(config, load=False)
+        names = [entry.reward_type for entry in config.enabled_rewards()]
+        logging.getLogger("reward_service").info(
+            "serving %s on http://%s:%d (redis %s, %d worker(s))", names, config.host, config.port, url,
+            config.workers.count,
+        )  # fmt: skip
+        app = create_app(config, token=token, redis_url=url)
+        uvicorn_config = uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=config.log_level == "debug",
+            timeout_keep_alive=30,
+        )
+        uvicorn.Server(uvicorn_config).run()
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+        if embedded is not None:
+            embedded.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown (seconds with torch loaded); everything was stopped already."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.stderr.write(
-        "sanarl-reward: the reward service is not available in this version of sanarl. Rewards are computed "
-        "in-process by the trainer (set `train.train_policy.use_remote_reward = false`).\n"
-    )
-    raise SystemExit(2)
+    """Entry point of `sanarl-reward`."""
+    args = _parser().parse_args(argv)
+    try:
+        serve(args)
+    except UserError as exc:
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(f"sanarl-reward: error: {exc}\n")
+        raise SystemExit(exc.exit_code) from None
+    except Stopped as stop:
+        _exit_now(0 if stop.signum == signal.SIGTERM else 130)
+    except KeyboardInterrupt:
+        _exit_now(130)
+    _exit_now(0)
+
+
+if __name__ == "__main__":
+    main()

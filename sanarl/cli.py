@@ -192,7 +192,10 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
 
 
 def _check_reward_names(cfg) -> None:
-    """Unknown reward names fail validation (the registry imports no model code)."""
+    """Unknown reward names fail validation (the registry imports no model code). With use_remote_reward the
+    names belong to the reward service: the run checks them against its /health when it starts."""
+    if cfg.train.train_policy.use_remote_reward:
+        return
     from sanarl.rewards.registry import build_reward, known_rewards
 
     for fn in cfg.train.train_policy.remote_reward.reward_fns:

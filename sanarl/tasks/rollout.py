@@ -28,6 +28,7 @@ from sanarl.core.selection import select_indices
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.rewards.combine import RewardFunction, RewardResult
 from sanarl.rewards.pool import RewardPool
+from sanarl.rewards.remote import RemoteRewardFunction
 from sanarl.tasks.inference_copy import InferenceCopy, require_lora_for_copy
 from sanarl.tasks.quantize import check_quantization
 from sanarl.tasks.sampling import GenerationSpec, generate_latents
@@ -72,12 +73,17 @@ class RolloutEngine:
         if self.family in ("compile", "naive_quant", "sol_rl"):
             require_lora_for_copy(uses_lora, self.family)
             self._build_copies()
-        self.reward_fn = RewardFunction.from_config(cfg)
+        # remote: each group is enqueued on the reward service as soon as it is decoded and pulled later
+        # (RemoteTask.result); the service's reward names are checked against its /health here.
+        self.remote = cfg.train.train_policy.use_remote_reward
+        self.reward_fn = (
+            RemoteRewardFunction.from_config(cfg) if self.remote else RewardFunction.from_config(cfg)
+        )
         self.pool = (
             RewardPool(
                 self.reward_fn, ro.reward_workers, ro.reward_deadline_s, knob="rollout.reward_deadline_s"
             )
-            if ro.reward_workers > 0
+            if ro.reward_workers > 0 and not self.remote
             else None
         )
         self.uncond = adapter.encode_prompts([""]) if self.spec.guidance_scale != 1.0 else None
@@ -131,6 +137,8 @@ class RolloutEngine:
 
     def _score(self, images: torch.Tensor, prompt: str, metadata: dict):
         args = (images, [prompt] * len(images), [metadata] * len(images))
+        if self.remote:
+            return self.reward_fn.submit(*args)
         if self.pool is None:
             return _Ready(self.reward_fn(*args))
         return self.pool.submit(*args)

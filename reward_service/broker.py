@@ -1,0 +1,293 @@
+"""Server-side Redis access (asyncio): enqueue, the state of a task, waiting for a result, health figures.
+
+Every state change is one Lua script (lua.py); reads are pipelined. Completion notifications arrive on one
+pub/sub subscription per server process and wake the pulls waiting on that task; waiters re-check every
+`RECHECK_S` anyway, so a missed message (a Redis reconnect) costs at most that much latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid as uuidlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from reward_service.config import LimitsConfig, WorkersConfig
+from reward_service.keys import WAKE_CAP, Keys, queue_item, split_item
+from reward_service.lua import Scripts
+from reward_service.protocol import EnqueueRequest
+
+log = logging.getLogger("reward_service.broker")
+
+RECHECK_S = 0.5
+"""A waiting pull re-reads the task at least this often."""
+REWARDS_CACHE_S = 2.0
+"""How long the set of rewards served anywhere is cached for the enqueue check."""
+MEMORY_CACHE_S = 0.2
+"""How long Redis' used memory is cached for the max_queue_bytes check."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer: status code and JSON body."""
+
+    status: int
+    body: dict[str, Any]
+
+
+PENDING_STATUS = 400
+"""Status of a pending pull: non-2xx so Cosmos-RL's clients (which retry until 200) keep polling, as with
+Cosmos-RL's own service; the body says `"status": "pending"`."""
+
+
+class QueueFull(Exception):
+    """max_pending_tasks or max_queue_bytes reached; the message says which."""
+
+
+class RequestIdConflict(Exception):
+    """A request id was reused with a different body."""
+
+
+def task_count(header: dict[str, Any]) -> int:
+    """Images a reward scores for one request: B, or B * T for videos."""
+    shape = header["shape"]
+    return int(shape[0]) * (int(shape[2]) if header["media_type"] == "video" else 1)
+
+
+class AsyncBroker:
+    """The server's view of the queue. `client` is a `redis.asyncio.Redis` (decode_responses=False)."""
+
+    def __init__(self, client: Any, keys: Keys, limits: LimitsConfig, workers: WorkersConfig) -> None:
+        self.client, self.keys, self.limits, self.workers = client, keys, limits, workers
+        self.scripts = Scripts.register(client)
+        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._served: tuple[float, set[str]] = (0.0, set())
+        self._memory: tuple[float, int] = (0.0, 0)
+
+    @property
+    def ttl(self) -> int:
+        """TTL of a request's data and of its request id: deadline + result TTL (whole seconds)."""
+        return int(self.limits.task_deadline_s + self.limits.result_ttl_s) + 1
+
+    async def served_rewards(self) -> set[str]:
+        """Rewards some worker (of any instance) registered, cached for REWARDS_CACHE_S."""
+        stamp, names = self._served
+        if time.monotonic() - stamp > REWARDS_CACHE_S:
+            names = {k.decode() for k in await self.client.hkeys(self.keys.rewards)}
+            self._served = (time.monotonic(), names)
+        return names
+
+    async def _check_memory(self) -> None:
+        """QueueFull while Redis uses more than limits.max_queue_bytes (cached for MEMORY_CACHE_S)."""
+        limit = self.limits.max_queue_bytes
+        if not limit:
+            return
+        stamp, used = self._memory
+        if time.monotonic() - stamp > MEMORY_CACHE_S:
+            used = int((await self.client.info("memory"))["used_memory"])
+            self._memory = (time.monotonic(), used)
+        if used > limit:
+            raise QueueFull(
+                f"Redis holds {used} bytes, more than limits.max_queue_bytes = {limit}: the queued pixels wait for "
+                "workers; retry later."
+            )
+
+    async def enqueue(self, request: EnqueueRequest, digest: str) -> str:
+        """Queue one task per reward; returns the uuid (the existing one for a repeated request id).
+
+        Raises QueueFull (429) or RequestIdConflict (409)."""
+        await self._check_memory()
+        task_uuid = str(uuidlib.uuid4())
+        rid_key = self.keys.request_id(request.request_id or "-")
+        header = request.header
+        out = await self.scripts.enqueue(
+            keys=[self.keys.task(task_uuid), self.keys.blob(task_uuid), rid_key, self.keys.pending],
+            args=[
+                task_uuid,
+                json.dumps(header, separators=(",", ":")),
+                request.npy,
+                task_count(header),
+                self.limits.max_pending_tasks,
+                self.ttl,
+                digest if request.request_id else "",
+                self.keys.prefix,
+                json.dumps(list(request.rewards)),
+                WAKE_CAP,
+            ],
+        )
+        kind, value = out[0].decode(), out[1].decode()
+        if kind == "full":
+            raise QueueFull(
+                f"the queue is full ({value} of limits.max_pending_tasks = {self.limits.max_pending_tasks} tasks "
+                "pending); retry later."
+            )
+        if kind == "dup":
+            existing, _, old_digest = value.partition("|")
+            if old_digest != digest:
+                raise RequestIdConflict(existing)
+            return existing
+        return value
+
+    async def state(self, task_uuid: str, reward: str) -> Answer:
+        """The answer to a pull right now (done 200, failed 500, unknown 404, pending PENDING_STATUS)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.result(task_uuid, reward))
+        pipe.hmget(self.keys.task(task_uuid), "created", "n", "rewards")
+        pipe.time()
+        stored, (created, count, rewards), (sec, usec) = await pipe.execute()
+        ident = {"uuid": task_uuid, "type": reward}
+        if stored is not None:
+            return _stored_answer(json.loads(stored), ident)
+        if created is None:
+            return Answer(
+                404,
+                {
+                    "status": "unknown",
+                    **ident,
+                    "error": f"uuid {task_uuid!r} is unknown or expired (results are kept "
+                    f"limits.result_ttl_s = {self.limits.result_ttl_s:g} s); enqueue the images again.",
+                },
+            )
+        names = json.loads(rewards)
+        if reward not in names:
+            return Answer(
+                404,
+                {
+                    "status": "unknown",
+                    **ident,
+                    "error": f"uuid {task_uuid!r} was enqueued for {names}, not {reward!r}.",
+                },
+            )
+        age = sec + usec / 1e6 - float(created)
+        if age > self.limits.task_deadline_s:
+            await self._fail(task_uuid, reward, int(count), age)
+            return await self.state(task_uuid, reward)
+        return Answer(PENDING_STATUS, {"status": "pending", **ident, "age_s": round(age, 3)})
+
+    async def _fail(self, task_uuid: str, reward: str, count: int, age: float) -> None:
+        """Fail a task past its deadline (queued, or held by a worker that is too slow)."""
+        error = (
+            f"reward {reward!r} did not score this task within limits.task_deadline_s = "
+            f"{self.limits.task_deadline_s:g} s (waited {age:.1f} s): the workers are overloaded, dead or stuck; "
+            "check GET /health and the service log."
+        )
+        message = json.dumps({"status": "failed", "type": reward, "error": error})
+        await self.scripts.fail_task(
+            keys=[
+                self.keys.task(task_uuid),
+                self.keys.result(task_uuid, reward),
+                self.keys.queue(reward),
+                self.keys.pending,
+                self.keys.blob(task_uuid),
+            ],
+            args=[
+                queue_item(reward, task_uuid, count),
+                message,
+                int(self.limits.result_ttl_s),
+                reward,
+                self.keys.channel,
+                f"{task_uuid}|{reward}",
+            ],
+        )
+
+    async def pull(self, task_uuid: str, reward: str, wait_s: float) -> Answer:
+        """`state`, waiting up to `wait_s` (capped by limits.max_pull_wait_s) while the task is pending."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + max(0.0, min(wait_s, self.limits.max_pull_wait_s))
+        key = f"{task_uuid}|{reward}"
+        while True:
+            event = asyncio.Event()
+            self._waiters[key].add(event)
+            try:
+                answer = await self.state(task_uuid, reward)
+                left = until - loop.time()
+                if answer.status != PENDING_STATUS or left <= 0:
+                    return answer
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=min(RECHECK_S, left))
+            finally:
+                self._waiters[key].discard(event)
+                if not self._waiters[key]:
+                    self._waiters.pop(key, None)
+
+    async def listen(self) -> None:
+        """Forward completion messages to waiting pulls; runs until cancelled, resubscribing after errors."""
+        while True:
+            pubsub = self.client.pubsub()
+            try:
+                await pubsub.subscribe(self.keys.channel)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        for event in self._waiters.get(message["data"].decode(), ()):
+                            event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarting: retry; waiters re-check on their own meanwhile
+                log.debug("pub/sub listener: %s; resubscribing", exc)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+
+def _stored_answer(stored: dict[str, Any], ident: dict[str, str]) -> Answer:
+    if stored.get("status") == "done":
+        return Answer(200, stored["result"])
+    return Answer(500, {"status": "failed", **ident, "error": stored.get("error", "unknown error")})
+
+
+async def health_figures(broker: AsyncBroker, enabled: list[str]) -> dict[str, Any]:
+    """Workers (alive or not), per-reward queue depth / running / latency, and the pending count."""
+    client, keys = broker.client, broker.keys
+    workers = {k.decode(): json.loads(v) for k, v in (await client.hgetall(keys.workers)).items()}
+    infos = {k.decode(): json.loads(v) for k, v in (await client.hgetall(keys.rewards)).items()}
+    ids = sorted(workers)
+    pipe = client.pipeline(transaction=False)
+    for wid in ids:
+        pipe.exists(keys.heartbeat(wid))
+        pipe.lrange(keys.proc(wid), 0, -1)
+    names = sorted(set(enabled) | set(infos))
+    for name in names:
+        pipe.llen(keys.queue(name))
+        pipe.lrange(keys.latency(name), 0, -1)
+    pipe.get(keys.pending)
+    out = await pipe.execute()
+    alive: dict[str, bool] = {}
+    running: dict[str, int] = defaultdict(int)
+    for i, wid in enumerate(ids):
+        alive[wid] = bool(out[2 * i])
+        for item in out[2 * i + 1]:
+            running[split_item(item.decode())[0]] += 1
+    base = 2 * len(ids)
+    rewards = {}
+    for j, name in enumerate(names):
+        served_by = [w for w in ids if alive[w] and name in workers[w].get("rewards", [])]
+        rewards[name] = {
+            "workers": len(served_by),
+            "queued": int(out[base + 2 * j]),
+            "running": running[name],
+            "latency_s": _latency(out[base + 2 * j + 1]),
+            **infos.get(name, {}),
+        }
+    worker_rows = [{"id": w, "alive": alive[w], **workers[w]} for w in ids]
+    return {"rewards": rewards, "workers": worker_rows, "pending": int(out[-1] or 0)}
+
+
+def _latency(samples: list[bytes]) -> dict[str, float]:
+    """p50 / p99 of end-to-end seconds (enqueue -> result) and the mean scoring seconds of recent tasks."""
+    if not samples:
+        return {"count": 0}
+    pairs = [tuple(float(x) for x in s.decode().split(",")) for s in samples]
+    e2e = sorted(p[0] for p in pairs)
+
+    def pick(q: float) -> float:
+        return round(e2e[min(len(e2e) - 1, int(q * len(e2e)))], 4)
+
+    score = sum(p[1] for p in pairs) / len(pairs)
+    return {"count": len(pairs), "p50": pick(0.5), "p99": pick(0.99), "score_mean": round(score, 4)}

@@ -1,0 +1,297 @@
+"""The reward service's configuration: `reward_service/configs/rewards.toml`, one dataclass per table.
+
+Key names follow Cosmos-RL's reward service (`host`, `port`, `[[reward_args]]` with `reward_type`, `enable`,
+`model_path`, `dtype`) so its users recognise them; sanarl adds the limits, the worker pool and the embedded
+Redis. Unknown keys are errors with a did-you-mean; every error is a `ConfigError` (exit code 2) naming the key
+and the file. Loading imports neither torch nor any reward: `check_rewards` (in `rewards_check.py`) does that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from sanarl.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+TOKEN_ENV = "REMOTE_REWARD_TOKEN"
+"""Environment variable holding the bearer token when the config's `token` is empty (the trainer reads it too)."""
+REWARD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+"""Reward names the service accepts (registry names such as `jpeg_compressibility`, `dance_grpo`)."""
+
+
+@dataclass
+class RedisConfig:
+    """`[redis]`: the embedded redis-server started when `redis_url` is empty."""
+
+    port: int = 0
+    """Port on 127.0.0.1 (0 = a free port chosen at start)."""
+    persistence: bool = True
+    """Append-only file on: queued tasks survive a restart of redis-server (the service restarts it if it dies)."""
+    fsync: str = "everysec"
+    """appendfsync policy: always (no loss even on a crash of redis-server, slower) | everysec | no."""
+    data_dir: str = ""
+    """Directory of the append-only file ("" = a temporary directory removed when the service stops)."""
+    executable: str = "redis-server"
+    """The redis-server binary (a name on PATH or a path)."""
+
+
+@dataclass
+class LimitsConfig:
+    """`[limits]`: what one request may hold and how long anything lives."""
+
+    max_payload_bytes: int = 256 * 1024 * 1024
+    """Largest enqueue body (JSON + npy); larger ones get 413 before they are read."""
+    max_json_bytes: int = 4 * 1024 * 1024
+    """Largest JSON header of an enqueue body."""
+    max_images: int = 1024
+    """Most images (or videos) per request."""
+    max_pending_tasks: int = 4096
+    """Most (request, reward) tasks queued or running at once, over every instance sharing the Redis; enqueue
+    answers 429 beyond it (back-pressure instead of dropping work)."""
+    max_queue_bytes: int = 4 * 1024**3
+    """Enqueue answers 429 while Redis uses more memory than this (pixels of queued requests live there; 0 = no
+    limit)."""
+    result_ttl_s: float = 3600.0
+    """Seconds a result (done or failed) stays pullable."""
+    task_deadline_s: float = 900.0
+    """A task not scored within this many seconds of its enqueue fails with an error naming the deadline."""
+    max_pull_wait_s: float = 30.0
+    """Longest server-side wait of one pull that asks for it (form field `wait`, a sanarl extension)."""
+
+
+@dataclass
+class WorkersConfig:
+    """`[workers]`: scoring processes started by this instance (each hosts every enabled reward)."""
+
+    count: int = 1
+    """Worker processes (0 = an API-only instance; workers of other instances sharing the Redis do the work)."""
+    batch_images: int = 64
+    """Most images per scoring call: queued tasks of one reward are batched across requests up to this."""
+    visibility_timeout_s: float = 30.0
+    """A worker whose heartbeat is this old is dead: its tasks go back to the queue for another worker."""
+    max_attempts: int = 3
+    """A task whose worker died this many times fails (a task that kills every worker must not loop forever)."""
+    torch_threads: int = 0
+    """torch.set_num_threads in each worker (0 = torch's default)."""
+    restart_limit: int = 5
+    """Restarts of crashed workers allowed per minute before the service stops restarting them."""
+
+
+@dataclass
+class RewardArgs:
+    """`[[reward_args]]`: one reward served (Cosmos-RL's key names)."""
+
+    reward_type: str = ""
+    """Registry name of the reward (`sanarl.rewards.known_rewards()`, or one registered by a plugin)."""
+    enable: bool = True
+    """Serve this reward."""
+    device: str = "cpu"
+    """Device of the reward's model (`cuda`, `cuda:1`, `cpu`)."""
+    dtype: str = ""
+    """Model dtype passed as the reward's `dtype` option ("" = the reward's default)."""
+    model_path: str = ""
+    """Model directory or Hub id passed as the reward's `model` option ("" = the reward's default)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Other keyword options of the reward (e.g. `{ batch_size = 16 }`)."""
+
+    def build_options(self) -> dict[str, Any]:
+        """The keyword options `build_reward(reward_type, **options)` gets."""
+        options = dict(self.options)
+        if self.model_path:
+            options["model"] = self.model_path
+        if self.dtype:
+            options["dtype"] = self.dtype
+        return options
+
+
+@dataclass
+class ServiceConfig:
+    """The whole file. `source` is where it was read from (not a key)."""
+
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds (0.0.0.0 to serve other machines: then keep the token secret and use TLS in
+    front)."""
+    port: int = 8080
+    """HTTP port."""
+    token: str = ""
+    """Bearer token clients must send ("" = read REMOTE_REWARD_TOKEN from the environment; one of them is required)."""
+    redis_url: str = ""
+    """An external Redis (`redis://host:port/db`) shared by several instances; "" = start an embedded one."""
+    redis_prefix: str = "sanarl:reward:"
+    """Prefix of every Redis key (several services may share one Redis under different prefixes)."""
+    plugins: list[str] = field(default_factory=list)
+    """Modules or .py files imported before rewards are built (they register rewards with
+    `@sanarl.rewards.register`)."""
+    log_level: str = "info"
+    """Log level of the service and its workers: debug | info | warning | error."""
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    reward_args: list[RewardArgs] = field(default_factory=list)
+    source: str = field(default="<defaults>", metadata={"internal": True})
+
+    def enabled_rewards(self) -> list[RewardArgs]:
+        """The `[[reward_args]]` entries with `enable = true`, in file order."""
+        return [entry for entry in self.reward_args if entry.enable]
+
+    def resolved_token(self) -> str:
+        """The bearer token: `token`, else the REMOTE_REWARD_TOKEN environment variable, else ConfigError."""
+        token = self.token or os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ConfigError(
+                f'{self.source}: no bearer token: set `token = "..."` in the file or export {TOKEN_ENV}; '
+                "the service never runs without one (clients send it as `Authorization: Bearer <token>`)."
+            )
+        return token
+
+
+def load_service_config(path: str | Path) -> ServiceConfig:
+    """Read and check a rewards.toml; raises ConfigError naming the file and key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the reward service config {str(path)!r} ({exc.strerror}); pass an existing file, e.g. "
+            "`sanarl-reward --config reward_service/configs/rewards.toml`."
+        ) from None
+    return loads_service_config(text, source=str(path))
+
+
+def loads_service_config(text: str, source: str = "<string>") -> ServiceConfig:
+    """Parse a rewards.toml given as text (see `load_service_config`)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}. Fix the syntax at that line.") from None
+    config = _build(ServiceConfig, data, "", source)
+    config.source = source
+    _check(config)
+    return config
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+
+
+def _build(cls: type, data: Any, path: str, source: str) -> Any:
+    """Build dataclass `cls` from a TOML table, rejecting unknown keys and wrong types."""
+    label = path.rstrip(".") or "the top level"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: `{label}` must be a table, got {_kind(data)}.")
+    fields = _fields(cls)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f" Did you mean `{path}{close[0]}`?" if close else ""
+        raise ConfigError(
+            f"{source}: unknown key `{path}{key}` in {label}.{hint} Valid keys: {', '.join(fields)}."
+        )
+    values = {
+        name: _value(data[name], tp, f"{path}{name}", source) for name, tp in fields.items() if name in data
+    }
+    return cls(**values)
+
+
+def _value(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check one TOML value against a field type (int is accepted for float)."""
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".", source)
+    if origin is list:
+        (item,) = get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: `{key}` must be an array, got {_kind(value)}.")
+        return [_value(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: `{key}` must be a table (e.g. `{{ batch_size = 16 }}`), got {_kind(value)}."
+            )
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(f"{source}: `{key}` must be {tp.__name__}, got {_kind(value)} {value!r}.")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check(cfg: ServiceConfig) -> None:
+    """Cross-field checks: ranges, names, at least one enabled reward."""
+    src = cfg.source
+    _require(0 < cfg.port < 65536, f"{src}: `port` = {cfg.port} must be in 1..65535.")
+    _require(0 <= cfg.redis.port < 65536, f"{src}: `redis.port` = {cfg.redis.port} must be in 0..65535.")
+    _require(
+        cfg.redis.fsync in ("always", "everysec", "no"),
+        f"{src}: `redis.fsync` = {cfg.redis.fsync!r} must be always | everysec | no.",
+    )
+    _require(
+        cfg.log_level in ("debug", "info", "warning", "error"),
+        f"{src}: `log_level` = {cfg.log_level!r} must be debug | info | warning | error.",
+    )
+    _require(bool(cfg.redis_prefix), f'{src}: `redis_prefix` must not be empty (e.g. "sanarl:reward:").')
+    _check_limits(cfg.limits, src)
+    w = cfg.workers
+    for key, value, low in (
+        ("workers.count", w.count, 0),
+        ("workers.batch_images", w.batch_images, 1),
+        ("workers.max_attempts", w.max_attempts, 1),
+        ("workers.torch_threads", w.torch_threads, 0),
+        ("workers.restart_limit", w.restart_limit, 0),
+    ):
+        _require(value >= low, f"{src}: `{key}` = {value} must be >= {low}.")
+    _require(w.visibility_timeout_s > 0, f"{src}: `workers.visibility_timeout_s` must be > 0.")
+    _check_reward_args(cfg)
+
+
+def _check_limits(limits: LimitsConfig, src: str) -> None:
+    for key in ("max_payload_bytes", "max_json_bytes", "max_images", "max_pending_tasks"):
+        value = getattr(limits, key)
+        _require(value >= 1, f"{src}: `limits.{key}` = {value} must be >= 1.")
+    for key in ("result_ttl_s", "task_deadline_s"):
+        value = getattr(limits, key)
+        _require(value > 0, f"{src}: `limits.{key}` = {value} must be > 0 seconds.")
+    _require(limits.max_pull_wait_s >= 0, f"{src}: `limits.max_pull_wait_s` must be >= 0.")
+    _require(limits.max_queue_bytes >= 0, f"{src}: `limits.max_queue_bytes` must be >= 0 (0 = no limit).")
+
+
+def _check_reward_args(cfg: ServiceConfig) -> None:
+    src = cfg.source
+    names = []
+    for i, entry in enumerate(cfg.reward_args):
+        _require(
+            bool(REWARD_NAME.fullmatch(entry.reward_type)),
+            f"{src}: `reward_args[{i}].reward_type` = {entry.reward_type!r} must be a reward name (letters, digits, "
+            '`_`, `.`, `-`; e.g. "jpeg_compressibility").',
+        )
+        names.append(entry.reward_type)
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    _require(not dupes, f"{src}: `reward_args` lists {dupes} more than once; keep one entry per reward.")
+    _require(
+        bool(cfg.enabled_rewards()),
+        f'{src}: no reward is enabled: add a [[reward_args]] table with reward_type = "..." and enable = true.',
+    )

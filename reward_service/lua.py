@@ -1,0 +1,155 @@
+"""The Lua scripts that make every state change of a task atomic (see keys.py for the key layout).
+
+Invariant kept by every script: `pending` equals the number of queue items held in all `queue:*` and `proc:*`
+lists. A result is written once (`SET NX`), so a task scored twice (at-least-once delivery after a worker was
+presumed dead) still has one result, and the second finish only removes its item. Time is Redis' own clock
+(`TIME`), so instances and workers on different hosts agree. Scripts build some key names from the prefix, which
+is fine on one Redis server (Redis Cluster is not supported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_NOW = """
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+
+ENQUEUE = (
+    _NOW
+    + """
+-- KEYS: task, blob, rid, pending
+-- ARGV: uuid, header, npy, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap
+local prefix = ARGV[8]
+if ARGV[7] ~= '' then
+  local existing = redis.call('GET', KEYS[3])
+  if existing then return {'dup', existing} end
+end
+local names = cjson.decode(ARGV[9])
+local pending = tonumber(redis.call('GET', KEYS[4]) or '0')
+if pending + #names > tonumber(ARGV[5]) then return {'full', tostring(pending)} end
+local ttl = tonumber(ARGV[6])
+redis.call('HSET', KEYS[1], 'header', ARGV[2], 'created', string.format('%.6f', now()), 'n', ARGV[4],
+           'rewards', ARGV[9], 'remaining', #names)
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
+for _, name in ipairs(names) do
+  redis.call('HSET', KEYS[1], 's:' .. name, 'queued')
+  redis.call('LPUSH', prefix .. 'queue:' .. name, name .. '|' .. ARGV[1] .. '|' .. ARGV[4])
+  redis.call('LPUSH', prefix .. 'wake:' .. name, '1')
+  redis.call('LTRIM', prefix .. 'wake:' .. name, 0, tonumber(ARGV[10]))
+end
+redis.call('INCRBY', KEYS[4], #names)
+if ARGV[7] ~= '' then redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[7], 'EX', ttl) end
+return {'ok', ARGV[1]}
+"""
+)
+
+CLAIM = """
+-- KEYS: queue, proc    ARGV: image budget, max items
+-- Moves items from the queue's consumer end to the processing list while their image counts fit the budget
+-- (the first item always moves: one large request is still scored, the reward batches it internally).
+local budget, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local taken, total = {}, 0
+while #taken < limit do
+  local item = redis.call('LINDEX', KEYS[1], -1)
+  if not item then break end
+  local n = tonumber(string.match(item, '|(%d+)$'))
+  if #taken > 0 and total + n > budget then break end
+  redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+  taken[#taken + 1] = item
+  total = total + n
+end
+return taken
+"""
+
+FINISH = (
+    _NOW
+    + """
+-- KEYS: proc, result, task, blob, pending, latency
+-- ARGV: item, result JSON ('' = only drop the item), ttl, status, channel, message, reward, score seconds
+local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+if removed > 0 then redis.call('DECRBY', KEYS[5], removed) end
+if ARGV[2] == '' or redis.call('EXISTS', KEYS[3]) == 0 then return 0 end
+if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', tonumber(ARGV[3])) then return 0 end
+redis.call('HSET', KEYS[3], 's:' .. ARGV[7], ARGV[4])
+if redis.call('HINCRBY', KEYS[3], 'remaining', -1) <= 0 then redis.call('DEL', KEYS[4]) end
+local created = tonumber(redis.call('HGET', KEYS[3], 'created'))
+redis.call('LPUSH', KEYS[6], string.format('%.6f,%s', now() - created, ARGV[8]))
+redis.call('LTRIM', KEYS[6], 0, 255)
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"""
+)
+
+REAP = """
+-- KEYS: proc, heartbeat, workers, pending
+-- ARGV: worker id, prefix, max attempts, result ttl, channel, wake cap
+-- Hands the items of a dead worker (no heartbeat) back to their queues; a task whose workers died max attempts
+-- times fails instead. Returns the number requeued, -1 when the worker is alive.
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local prefix, max_attempts = ARGV[2], tonumber(ARGV[3])
+local requeued = 0
+for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local name, uuid = string.match(item, '^([^|]+)|([^|]+)|')
+  local task = prefix .. 'task:' .. uuid
+  if redis.call('EXISTS', task) == 0 then
+    redis.call('DECR', KEYS[4])
+  else
+    local attempts = redis.call('HINCRBY', task, 'a:' .. name, 1)
+    if attempts >= max_attempts then
+      local msg = cjson.encode({status = 'failed', type = name, error = 'the worker scoring this task died '
+        .. attempts .. ' times (workers.max_attempts = ' .. max_attempts .. '): reward ' .. name
+        .. ' crashes its process on this input (out of memory?); see the service log.'})
+      if redis.call('SET', prefix .. 'result:' .. uuid .. ':' .. name, msg, 'NX', 'EX', tonumber(ARGV[4])) then
+        redis.call('HSET', task, 's:' .. name, 'failed')
+        if redis.call('HINCRBY', task, 'remaining', -1) <= 0 then redis.call('DEL', prefix .. 'blob:' .. uuid) end
+        redis.call('PUBLISH', ARGV[5], uuid .. '|' .. name)
+      end
+      redis.call('DECR', KEYS[4])
+    else
+      redis.call('RPUSH', prefix .. 'queue:' .. name, item)
+      redis.call('LPUSH', prefix .. 'wake:' .. name, '1')
+      redis.call('LTRIM', prefix .. 'wake:' .. name, 0, tonumber(ARGV[6]))
+      requeued = requeued + 1
+    end
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return requeued
+"""
+
+FAIL_TASK = """
+-- KEYS: task, result, queue, pending, blob
+-- ARGV: item, result JSON, ttl, reward, channel, message
+-- Fails a task that is still queued or running (deadline passed); a worker still holding it only drops it later.
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', tonumber(ARGV[3])) then return 0 end
+local removed = redis.call('LREM', KEYS[3], 0, ARGV[1])
+if removed > 0 then redis.call('DECRBY', KEYS[4], removed) end
+redis.call('HSET', KEYS[1], 's:' .. ARGV[4], 'failed')
+if redis.call('HINCRBY', KEYS[1], 'remaining', -1) <= 0 then redis.call('DEL', KEYS[5]) end
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"""
+
+
+@dataclass
+class Scripts:
+    """The scripts registered on one client (sync `redis.Redis` or `redis.asyncio.Redis`)."""
+
+    enqueue: Any
+    claim: Any
+    finish: Any
+    reap: Any
+    fail_task: Any
+
+    @classmethod
+    def register(cls, client: Any) -> Scripts:
+        """Register every script on `client` (loaded lazily by EVALSHA, reloaded after a Redis restart)."""
+        return cls(*(client.register_script(src) for src in (ENQUEUE, CLAIM, FINISH, REAP, FAIL_TASK)))

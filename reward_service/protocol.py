@@ -1,0 +1,272 @@
+"""The enqueue wire format (DESIGN.md section 4), parsed strictly and without ever unpickling.
+
+Body = `json_bytes + b"\\n" + npy_bytes`:
+- JSON object: `prompts` (B strings; Cosmos-RL's GenEval requests may send one `prompt` instead), `reward_fn`
+  (`{name: weight}`), `media_type` (`"image"` | `"video"`; inferred from the array's rank when absent), optional
+  `metadata` (one dict per sample, or one dict for all), optional `video_infos` (one dict per video), optional
+  `request_id` (makes enqueue idempotent). Any other top-level key (GenEval's `tag`, `include`, ...; OCR's
+  `ocr_use_gpu`) is forwarded to the reward in every sample's metadata, as Cosmos-RL does.
+- npy (format 1.0 / 2.0, as `np.save(..., allow_pickle=False)` writes): uint8 `[B, H, W, 3]` images or
+  `[B, 3, T, H, W]` videos.
+
+The server only reads the npy header (`numpy.lib.format`, which parses it with a literal evaluator) and checks
+that the data length is exactly `prod(shape)` bytes; workers decode with `np.load(..., allow_pickle=False)`.
+Problems raise `PayloadError` with the HTTP status (413 too large, 422 malformed) and a message naming the field.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from reward_service.config import REWARD_NAME
+
+RESERVED_KEYS = frozenset(
+    {"prompts", "prompt", "reward_fn", "media_type", "metadata", "video_infos", "request_id"}
+)
+"""Top-level JSON keys with a meaning of their own; every other key is forwarded as metadata."""
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+"""Accepted client request ids (a UUID fits)."""
+MAX_NDIM_DIM = 1 << 20
+"""No single array dimension may exceed this (guards the byte-count product against absurd headers)."""
+
+
+class PayloadError(ValueError):
+    """A request the service refuses: `status` is the HTTP status (413 or 422), the message names the problem."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    """A validated enqueue body.
+
+    header: what is stored beside the pixels (`prompts`, `metadata`, `media_type`, `shape`, `rewards`).
+    npy: the npy bytes exactly as received (decoded by workers with `decode_array`).
+    """
+
+    header: dict[str, Any]
+    npy: bytes
+    request_id: str | None
+
+    @property
+    def rewards(self) -> dict[str, float]:
+        """`{reward name: weight}` as sent in `reward_fn`."""
+        return self.header["rewards"]
+
+    @property
+    def count(self) -> int:
+        """B, the number of images (or videos)."""
+        return int(self.header["shape"][0])
+
+
+def parse_enqueue(
+    body: bytes,
+    *,
+    max_images: int,
+    max_json_bytes: int,
+    known_rewards: Collection[str] | None = None,
+) -> EnqueueRequest:
+    """Validate an enqueue body (see the module doc); `known_rewards` (None = any name) rejects unknown rewards."""
+    newline = body.find(b"\n", 0, max_json_bytes + 1)
+    if newline < 0:
+        if len(body) > max_json_bytes:
+            raise PayloadError(
+                f"the JSON header is longer than limits.max_json_bytes = {max_json_bytes} bytes.", 413
+            )
+        raise PayloadError(
+            "the body must be a JSON object, a newline (\\n), then the .npy bytes; no newline was found. Send "
+            "json.dumps(data).encode() + b'\\n' + the np.save(..., allow_pickle=False) bytes."
+        )
+    data = _parse_json(body[:newline])
+    npy = body[newline + 1 :]
+    shape = _parse_npy_header(npy)
+    media_type = _media_type(data, shape)
+    count = _check_shape(shape, media_type, max_images)
+    rewards = _rewards(data, known_rewards)
+    prompts = _prompts(data, count)
+    header = {
+        "prompts": prompts,
+        "metadata": _metadata(data, count),
+        "media_type": media_type,
+        "shape": list(shape),
+        "rewards": rewards,
+    }
+    return EnqueueRequest(header=header, npy=npy, request_id=_request_id(data))
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PayloadError("the JSON header is not valid UTF-8.") from None
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"the JSON header does not parse: {exc.msg} at character {exc.pos}.") from None
+    except RecursionError:
+        raise PayloadError("the JSON header is nested too deeply.") from None
+    if not isinstance(data, dict):
+        raise PayloadError(f"the JSON header must be an object, got {type(data).__name__}.")
+    return data
+
+
+def _parse_npy_header(npy: bytes) -> tuple[int, ...]:
+    """Shape of a uint8 npy whose data is exactly `prod(shape)` bytes; reads the header only (no pickle)."""
+    stream = io.BytesIO(npy)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise PayloadError(
+                f"npy format version {version} is not accepted; np.save writes 1.0 for uint8 arrays."
+            )
+    except PayloadError:
+        raise
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+        raise PayloadError(
+            f"the bytes after the newline are not a valid .npy array ({type(exc).__name__}: {exc}); write them "
+            "with np.save(buffer, array, allow_pickle=False)."
+        ) from None
+    if dtype.hasobject:
+        raise PayloadError(
+            f"the .npy array has dtype {dtype} (Python objects, stored with pickle); the service never unpickles. "
+            "Send uint8 pixels."
+        )
+    if dtype != np.dtype(np.uint8):
+        raise PayloadError(
+            f"the .npy array has dtype {dtype}; send uint8 pixels (round(255 * x) of [0, 1] images)."
+        )
+    if any(not isinstance(d, int) or d < 0 or d > MAX_NDIM_DIM for d in shape):
+        raise PayloadError(f"the .npy array has an invalid shape {shape}.")
+    expected = math.prod(shape)
+    data_bytes = len(npy) - stream.tell()
+    if data_bytes != expected:
+        what = "truncated" if data_bytes < expected else "followed by extra bytes"
+        raise PayloadError(
+            f"the .npy data is {what}: shape {tuple(shape)} needs {expected} bytes, the body holds {data_bytes}."
+        )
+    return tuple(int(d) for d in shape)
+
+
+def _media_type(data: Mapping[str, Any], shape: tuple[int, ...]) -> str:
+    media = data.get("media_type", "video" if len(shape) == 5 else "image")
+    if media == "latent":
+        raise PayloadError(
+            "media_type 'latent' (Cosmos-RL's Wan VAE latents) is not supported: send decoded uint8 frames "
+            "[B, 3, T, H, W] with media_type 'video'."
+        )
+    if media not in ("image", "video"):
+        raise PayloadError(f"media_type must be 'image' or 'video', got {media!r}.")
+    return media
+
+
+def _check_shape(shape: tuple[int, ...], media_type: str, max_images: int) -> int:
+    """B, after checking the layout of `media_type` (images [B, H, W, 3], videos [B, 3, T, H, W])."""
+    if media_type == "image" and (len(shape) != 4 or shape[3] != 3):
+        raise PayloadError(f"images must be a uint8 array [B, H, W, 3] (channels last), got shape {shape}.")
+    if media_type == "video" and (len(shape) != 5 or shape[1] != 3):
+        raise PayloadError(f"videos must be a uint8 array [B, 3, T, H, W], got shape {shape}.")
+    if shape[0] == 0:
+        raise PayloadError("the request holds 0 images; send at least one.")
+    if shape[0] > max_images:
+        raise PayloadError(
+            f"the request holds {shape[0]} items, more than limits.max_images = {max_images}.", 413
+        )
+    if any(d == 0 for d in shape[1:]):
+        raise PayloadError(f"every image dimension must be >= 1, got shape {shape}.")
+    return shape[0]
+
+
+def _rewards(data: Mapping[str, Any], known: Collection[str] | None) -> dict[str, float]:
+    fns = data.get("reward_fn")
+    if not isinstance(fns, dict) or not fns:
+        raise PayloadError('`reward_fn` must be a non-empty object {"reward name": weight}.')
+    rewards: dict[str, float] = {}
+    for name, weight in fns.items():
+        if not REWARD_NAME.fullmatch(name):
+            raise PayloadError(f"`reward_fn` has an invalid reward name {name[:80]!r}.")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+            raise PayloadError(f"`reward_fn[{name!r}]` must be a finite number (the weight), got {weight!r}.")
+        rewards[name] = float(weight)
+    unknown = sorted(set(rewards) - set(known)) if known is not None else []
+    if unknown:
+        raise PayloadError(
+            f"unknown reward(s) {unknown}: this service serves {sorted(known or [])}. Fix `reward_fn`, or enable "
+            "the reward in the service's rewards.toml."
+        )
+    return rewards
+
+
+def _prompts(data: Mapping[str, Any], count: int) -> list[str]:
+    prompts = data.get("prompts")
+    if prompts is None and isinstance(data.get("prompt"), str):
+        prompts = [data["prompt"]] * count
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise PayloadError("`prompts` must be a list of strings, one per image.")
+    if len(prompts) != count:
+        raise PayloadError(
+            f"`prompts` has {len(prompts)} entries but the array holds {count} images; send one each."
+        )
+    return prompts
+
+
+def _metadata(data: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
+    """One dict per sample: `metadata` (list or shared dict) + forwarded top-level keys + `video_infos[i]`."""
+    meta = data.get("metadata")
+    if meta is None:
+        rows: list[dict[str, Any]] = [{} for _ in range(count)]
+    elif isinstance(meta, dict):
+        rows = [dict(meta) for _ in range(count)]
+    elif isinstance(meta, list) and len(meta) == count and all(isinstance(m, dict) for m in meta):
+        rows = [dict(m) for m in meta]
+    else:
+        raise PayloadError(f"`metadata` must be one object per image ({count}) or a single object for all.")
+    extra = {k: v for k, v in data.items() if k not in RESERVED_KEYS}
+    infos = data.get("video_infos")
+    if infos is not None and (not isinstance(infos, list) or len(infos) != count):
+        raise PayloadError(f"`video_infos` must be a list of {count} objects, one per video.")
+    for i, row in enumerate(rows):
+        for key, value in extra.items():
+            row.setdefault(key, value)
+        if infos is not None:
+            row.setdefault("video_info", infos[i])
+    return rows
+
+
+def _request_id(data: Mapping[str, Any]) -> str | None:
+    rid = data.get("request_id")
+    if rid is None:
+        return None
+    if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
+        raise PayloadError(
+            "`request_id` must be 1-128 characters of letters, digits and `._:-` (e.g. a UUID)."
+        )
+    return rid
+
+
+def decode_array(npy: bytes, shape: list[int] | tuple[int, ...]) -> np.ndarray:
+    """Worker side: the uint8 array of an accepted request, `np.load(allow_pickle=False)`, shape re-checked."""
+    array = np.load(io.BytesIO(npy), allow_pickle=False)
+    if array.dtype != np.uint8 or tuple(array.shape) != tuple(shape):
+        raise PayloadError(
+            f"stored array has dtype {array.dtype} shape {array.shape}, expected uint8 {tuple(shape)}."
+        )
+    return np.ascontiguousarray(array)
+
+
+def encode_body(header: Mapping[str, Any], array: np.ndarray) -> bytes:
+    """Client side: `json + b"\\n" + npy` (the npy written with allow_pickle=False)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return json.dumps(header, separators=(",", ":"), allow_nan=False).encode() + b"\n" + buffer.getvalue()

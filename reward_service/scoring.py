@@ -1,0 +1,155 @@
+"""Scoring a batch of tasks of one reward (worker side, no Redis): pixels in, Cosmos-RL result JSON out.
+
+Tasks of one reward taken together are scored in as few calls as possible: images of equal size are
+concatenated into one `reward.score(images [N, 3, H, W] in [0, 1], prompts [N], metadata [N])` call. When a
+batched call raises, each task is scored alone, so one bad request (e.g. metadata the reward rejects) fails
+only itself. Videos `[B, 3, T, H, W]` are scored frame by frame with the image reward and each video gets the
+mean over its T frames of every key (NaN when any frame is NaN).
+
+Result JSON (Cosmos-RL's, plus sanarl fields):
+    {"scores": {key: [B floats, null for NaN]}, "input_info": {"shape", "dtype", "min", "max", "media_type"},
+     "duration": seconds of the scoring call, "decoded_duration": 0.0, "type": reward name,
+     "default_key": the reward's default key, "batch": {"tasks", "images"} of the call, "attempts": n}
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sanarl.errors import UserError
+from sanarl.rewards.base import Reward
+
+log = logging.getLogger("reward_service.scoring")
+
+
+@dataclass
+class Task:
+    """One (request, reward) task with its decoded pixels.
+
+    header: the stored request header (`prompts`, `metadata`, `media_type`, `shape`, `rewards`).
+    array: uint8 `[B, H, W, 3]` images or `[B, 3, T, H, W]` videos.
+    attempts: how many times a worker died holding this task before.
+    """
+
+    item: str
+    header: dict[str, Any]
+    array: np.ndarray
+    attempts: int = 0
+
+
+@dataclass
+class Outcome:
+    """`result` (the Cosmos-RL JSON) when scored, else `error` (a message naming the reward)."""
+
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def frames_of(task: Task) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
+    """Float frames `[N, 3, H, W]` in [0, 1] with their prompts and metadata (N = B, or B * T for videos)."""
+    array, header = task.array, task.header
+    prompts, meta = header["prompts"], header["metadata"]
+    if header["media_type"] == "video":
+        b, c, t, h, w = array.shape
+        pixels = torch.from_numpy(array).permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        prompts = [p for p in prompts for _ in range(t)]
+        meta = [m for m in meta for _ in range(t)]
+    else:
+        pixels = torch.from_numpy(array).permute(0, 3, 1, 2)
+    return pixels.float().div_(255.0), list(prompts), list(meta)
+
+
+def score_tasks(reward: Reward, tasks: list[Task]) -> dict[str, Outcome]:
+    """Score `tasks` of one reward; returns {queue item: Outcome}. Never raises for a task's own failure."""
+    groups: dict[tuple[int, int], list[Task]] = defaultdict(list)
+    for task in tasks:
+        groups[_frame_size(task)].append(task)
+    outcomes: dict[str, Outcome] = {}
+    for group in groups.values():
+        try:
+            outcomes.update(_score_group(reward, group))
+        except Exception as exc:
+            if len(group) == 1:
+                outcomes[group[0].item] = Outcome(error=_describe(reward, exc))
+                continue
+            log.info(
+                "batched call of %s failed (%s); scoring its %d tasks one by one",
+                reward.name,
+                exc,
+                len(group),
+            )
+            for task in group:
+                try:
+                    outcomes.update(_score_group(reward, [task]))
+                except Exception as single:
+                    outcomes[task.item] = Outcome(error=_describe(reward, single))
+    return outcomes
+
+
+def _frame_size(task: Task) -> tuple[int, int]:
+    """(H, W) of a task's frames: images `[B, H, W, 3]`, videos `[B, 3, T, H, W]`."""
+    shape = task.array.shape
+    return (shape[3], shape[4]) if task.header["media_type"] == "video" else (shape[1], shape[2])
+
+
+def _describe(reward: Reward, exc: Exception) -> str:
+    if not isinstance(exc, UserError):
+        log.exception("reward %s raised", reward.name, exc_info=exc)
+    return f"reward {reward.name!r} failed: {type(exc).__name__}: {exc}"
+
+
+def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
+    """One `reward.score` call over every task of `group` (frames of equal size)."""
+    parts = [frames_of(task) for task in group]
+    images = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    prompts = [p for part in parts for p in part[1]]
+    metadata = [m for part in parts for m in part[2]]
+    start = time.perf_counter()
+    scores = reward.score(images, prompts, metadata)
+    duration = time.perf_counter() - start
+    batch = {"tasks": len(group), "images": int(images.shape[0])}
+    outcomes, offset = {}, 0
+    for task, part in zip(group, parts, strict=True):
+        n = int(part[0].shape[0])
+        values = {key: value[offset : offset + n] for key, value in scores.items()}
+        offset += n
+        if task.header["media_type"] == "video":
+            frames = task.array.shape[2]
+            values = {key: value.reshape(-1, frames).mean(dim=1) for key, value in values.items()}
+        outcomes[task.item] = Outcome(result=_result(reward, task, values, duration, batch))
+    return outcomes
+
+
+def _result(
+    reward: Reward, task: Task, values: dict[str, torch.Tensor], duration: float, batch: dict[str, int]
+) -> dict[str, Any]:
+    array = task.array
+    return {
+        "scores": {key: [_number(v) for v in value.tolist()] for key, value in values.items()},
+        "input_info": {
+            "shape": list(array.shape),
+            "dtype": "uint8",
+            "min": int(array.min()),
+            "max": int(array.max()),
+            "media_type": task.header["media_type"],
+        },
+        "duration": round(duration, 6),
+        "decoded_duration": 0.0,
+        "type": reward.name,
+        "default_key": reward.default_key,
+        "batch": batch,
+        "attempts": task.attempts + 1,
+    }
+
+
+def _number(value: float) -> float | None:
+    """JSON has no NaN / inf: non-finite scores become null (the client turns them back into NaN)."""
+    return value if math.isfinite(value) else None

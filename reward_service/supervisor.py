@@ -1,0 +1,112 @@
+"""Keeps the service's child processes alive: worker processes and the embedded redis-server.
+
+A thread checks every `TICK_S`: a worker that exited is restarted (at most `workers.restart_limit` times a
+minute; past that the service keeps running and /health reports the missing workers), a dead embedded
+redis-server is restarted on the same port and data directory (the append-only file brings the queue back),
+and workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import redis
+
+from reward_service.config import ServiceConfig
+from reward_service.embedded_redis import EmbeddedRedis
+from reward_service.keys import Keys
+from reward_service.lua import Scripts
+from reward_service.worker import BAD_CONFIG_EXIT, REDIS_URL_ENV, reap_dead_workers
+
+log = logging.getLogger("reward_service.supervisor")
+
+TICK_S = 0.5
+STOP_TIMEOUT_S = 10.0
+
+
+class Supervisor:
+    """Starts `config.workers.count` workers for the Redis at `redis_url` and watches them."""
+
+    def __init__(
+        self, config_path: str | Path, config: ServiceConfig, redis_url: str, embedded: EmbeddedRedis | None
+    ) -> None:
+        self.config_path = str(Path(config_path).resolve())
+        self.config, self.redis_url, self.embedded = config, redis_url, embedded
+        self.workers: list[subprocess.Popen] = []
+        self.restarts: deque[float] = deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+
+    def _spawn(self) -> subprocess.Popen:
+        command = [
+            sys.executable, "-m", "reward_service.worker",
+            "--config", self.config_path,
+            "--parent", str(os.getpid()),
+        ]  # fmt: skip
+        env = {**os.environ, REDIS_URL_ENV: self.redis_url}  # not on argv: a URL may hold a password
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+
+    def start(self) -> Supervisor:
+        self.workers = [self._spawn() for _ in range(self.config.workers.count)]
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        keys, scripts = Keys(self.config.redis_prefix), Scripts.register(client)
+        next_reap = 0.0
+        while not self._stop.wait(TICK_S):
+            if self.embedded is not None and not self.embedded.alive():
+                self._restart_redis()
+            self._restart_workers()
+            if time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + self.config.workers.visibility_timeout_s / 2
+                try:
+                    reap_dead_workers(client, keys, self.config, scripts)
+                except redis.RedisError as exc:
+                    log.debug("reaper: %s", exc)
+
+    def _restart_redis(self) -> None:
+        assert self.embedded is not None
+        log.error("embedded redis-server exited (%s); restarting it", self.embedded.log_tail(2))
+        try:
+            self.embedded.start()
+        except (RuntimeError, OSError) as exc:
+            log.error("restarting redis-server failed: %s", exc)
+
+    def _restart_workers(self) -> None:
+        for i, process in enumerate(self.workers):
+            code = process.poll()
+            if code is None or code == BAD_CONFIG_EXIT or self._stop.is_set():
+                continue  # a worker that refused its config would refuse it again
+            now = time.monotonic()
+            while self.restarts and now - self.restarts[0] > 60:
+                self.restarts.popleft()
+            if len(self.restarts) >= self.config.workers.restart_limit:
+                continue
+            log.error("worker pid %d exited with code %s; starting a new one", process.pid, code)
+            self.restarts.append(now)
+            self.workers[i] = self._spawn()
+
+    def stop(self) -> None:
+        """Stop the watch thread and the workers (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for process in self.workers:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in self.workers:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

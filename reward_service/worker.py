@@ -1,0 +1,324 @@
+"""A reward worker process: takes tasks from Redis, scores them in batches, writes results with a TTL.
+
+    python -m reward_service.worker --config rewards.toml --redis-url redis://127.0.0.1:6379/0
+
+`sanarl-reward` starts `workers.count` of these; more can run on other machines against the same Redis.
+
+Reliability (at-least-once, no task lost): a task is claimed by moving its queue item into this worker's
+processing list in one Lua step; a heartbeat thread refreshes `hb:<worker>` every third of the visibility
+timeout. A worker that dies (kill -9, OOM, machine loss) stops beating; after the visibility timeout any worker
+or the supervisor of any instance moves its items back to their queues (lua.REAP). Results are written once.
+
+Loop: claim every hosted reward's queued tasks (up to `workers.batch_images` images per reward), score them,
+finish them; when nothing is queued, block on the rewards' wake lists (BLPOP) for at most a second, then reap
+dead workers if it is time to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid as uuidlib
+from typing import Any
+
+import redis
+
+from reward_service.config import ServiceConfig, load_service_config
+from reward_service.keys import WAKE_CAP, Keys, split_item
+from reward_service.lua import Scripts
+from reward_service.protocol import decode_array
+from reward_service.scoring import Outcome, Task, score_tasks
+from sanarl.errors import UserError
+
+log = logging.getLogger("reward_service.worker")
+
+MAX_CLAIM = 256
+"""Most tasks taken per reward in one claim."""
+BLOCK_S = 1.0
+"""Longest sleep on the wake lists before the loop re-checks the queues, the parent and dead workers."""
+REDIS_URL_ENV = "SANARL_REWARD_REDIS_URL"
+"""Environment variable with the Redis URL (the service passes it this way, not on the command line)."""
+BAD_CONFIG_EXIT = 2
+"""Exit code of a worker that cannot build its rewards (the supervisor does not restart it)."""
+
+
+def reap_dead_workers(client: redis.Redis, keys: Keys, config: ServiceConfig, scripts: Scripts) -> int:
+    """Requeue the tasks of every registered worker without a heartbeat; returns how many were requeued."""
+    total = 0
+    for raw in client.hkeys(keys.workers):
+        wid = raw.decode()
+        if client.exists(keys.heartbeat(wid)):
+            continue
+        moved = scripts.reap(
+            keys=[keys.proc(wid), keys.heartbeat(wid), keys.workers, keys.pending],
+            args=[
+                wid,
+                keys.prefix,
+                config.workers.max_attempts,
+                int(config.limits.result_ttl_s),
+                keys.channel,
+                WAKE_CAP,
+            ],
+        )
+        if moved > 0:
+            log.warning("worker %s is dead (no heartbeat): %d task(s) handed back to the queue", wid, moved)
+        total += max(moved, 0)
+    return total
+
+
+class Worker:
+    """Scores the tasks of `rewards` ({name: Reward}, models loaded) from the Redis behind `client`."""
+
+    def __init__(
+        self, config: ServiceConfig, rewards: dict[str, Any], client: redis.Redis, parent: int = 0
+    ) -> None:
+        self.config, self.rewards, self.client, self.parent = config, rewards, client, parent
+        self.keys = Keys(config.redis_prefix)
+        self.scripts = Scripts.register(client)
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{uuidlib.uuid4().hex[:6]}"
+        self.stop = threading.Event()
+        self.info = json.dumps(
+            {
+                "rewards": sorted(rewards),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.time(),
+            }
+        )
+        self._next_reap = 0.0
+
+    # --- registration and heartbeat ---------------------------------------------------------------------------
+    def beat(self) -> None:
+        """Refresh the heartbeat and the registry entry (re-created if a reaper removed it during an outage)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.workers, self.id, self.info)
+        pipe.set(self.keys.heartbeat(self.id), "1", px=int(self.config.workers.visibility_timeout_s * 1000))
+        pipe.execute()
+
+    def register(self) -> None:
+        """Publish the hosted rewards' keys and start beating."""
+        from reward_service.rewards_setup import reward_info
+
+        for name, reward in self.rewards.items():
+            self.client.hset(self.keys.rewards, name, json.dumps(reward_info(reward)))
+        self.beat()
+        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        period = self.config.workers.visibility_timeout_s / 3
+        while not self.stop.wait(period):
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed (%s); retrying", exc)
+
+    def unregister(self) -> None:
+        """Leave cleanly: drop the heartbeat and hand back anything still held."""
+        self.client.delete(self.keys.heartbeat(self.id))
+        self.scripts.reap(
+            keys=[
+                self.keys.proc(self.id),
+                self.keys.heartbeat(self.id),
+                self.keys.workers,
+                self.keys.pending,
+            ],
+            args=[
+                self.id,
+                self.keys.prefix,
+                1 << 30,
+                int(self.config.limits.result_ttl_s),
+                self.keys.channel,
+                WAKE_CAP,
+            ],
+        )
+
+    # --- main loop --------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until `stop` is set or the parent process is gone; survives Redis outages."""
+        backoff, recover = 0.1, False
+        while not self.stop.is_set():
+            if self.parent and os.getppid() != self.parent:
+                log.warning("parent process %d is gone; worker %s exits", self.parent, self.id)
+                return
+            try:
+                if recover:
+                    self.recover_held()
+                    recover = False
+                if not self.step():
+                    self.client.blpop([self.keys.wake(n) for n in self.rewards], timeout=BLOCK_S)
+                self._maybe_reap()
+                backoff = 0.1
+            except redis.RedisError as exc:
+                log.warning("Redis error in worker %s: %s; retrying in %.1f s", self.id, exc, backoff)
+                self.stop.wait(backoff)
+                backoff, recover = min(backoff * 2, 5.0), True
+
+    def recover_held(self) -> None:
+        """After a Redis error: finish what is still in this worker's processing list (a claim whose answer was
+        lost, or a finish that did not reach Redis). Tasks already finished are only dropped."""
+        held: dict[str, list[str]] = {}
+        for raw in self.client.lrange(self.keys.proc(self.id), 0, -1):
+            item = raw.decode()
+            held.setdefault(split_item(item)[0], []).append(item)
+        for name, items in held.items():
+            if name in self.rewards:
+                log.info("worker %s recovers %d held task(s) of %s", self.id, len(items), name)
+                self.process(name, items)
+
+    def _maybe_reap(self) -> None:
+        if time.monotonic() >= self._next_reap:
+            self._next_reap = time.monotonic() + self.config.workers.visibility_timeout_s / 2
+            reap_dead_workers(self.client, self.keys, self.config, self.scripts)
+
+    def step(self) -> bool:
+        """Claim and score what is queued for each hosted reward; True when anything was claimed."""
+        worked = False
+        for name in self.rewards:
+            items = self.scripts.claim(
+                keys=[self.keys.queue(name), self.keys.proc(self.id)],
+                args=[self.config.workers.batch_images, MAX_CLAIM],
+            )
+            if items:
+                worked = True
+                self.process(name, [item.decode() for item in items])
+        return worked
+
+    def process(self, name: str, items: list[str]) -> None:
+        """Load the claimed tasks, score the live ones, finish every one."""
+        tasks, finished = self._load(name, items)
+        if tasks:
+            finished.update(score_tasks(self.rewards[name], tasks))
+        pipe = self.client.pipeline(transaction=False)
+        for item, outcome in finished.items():
+            self._finish(pipe, name, item, outcome)
+        pipe.execute()
+
+    def _load(self, name: str, items: list[str]) -> tuple[list[Task], dict[str, Outcome | None]]:
+        """Tasks to score, and the items settled without scoring: None = drop (finished elsewhere, or the request
+        expired), else the failure (deadline passed, pixels unreadable)."""
+        pipe = self.client.pipeline(transaction=False)
+        for item in items:
+            _, task_uuid, _ = split_item(item)
+            pipe.hmget(self.keys.task(task_uuid), "header", "created", f"a:{name}")
+            pipe.get(self.keys.blob(task_uuid))
+            pipe.exists(self.keys.result(task_uuid, name))
+        pipe.time()
+        out = pipe.execute()
+        sec, usec = out[-1]
+        now = sec + usec / 1e6
+        tasks: list[Task] = []
+        settled: dict[str, Outcome | None] = {}
+        deadline = self.config.limits.task_deadline_s
+        for i, item in enumerate(items):
+            (header, created, attempts), blob, done = out[3 * i : 3 * i + 3]
+            if done or header is None or blob is None:
+                settled[item] = None
+            elif now - float(created) > deadline:
+                error = (
+                    f"reward {name!r}: no worker took this task within limits.task_deadline_s = {deadline:g} s "
+                    f"(it waited {now - float(created):.1f} s); the service is overloaded."
+                )
+                settled[item] = Outcome(error=error)
+            else:
+                header = json.loads(header)
+                try:
+                    array = decode_array(blob, header["shape"])
+                except ValueError as exc:
+                    settled[item] = Outcome(error=f"reward {name!r}: stored pixels unreadable: {exc}")
+                    continue
+                tasks.append(Task(item, header, array, int(attempts or 0)))
+        return tasks, settled
+
+    def _finish(self, pipe: Any, name: str, item: str, outcome: Outcome | None) -> None:
+        """Queue the FINISH script on `pipe`: write the result (or failure) once, drop the item, notify."""
+        _, task_uuid, _ = split_item(item)
+        if outcome is None:
+            message, status, seconds = "", "", 0.0
+        elif outcome.result is not None:
+            message = json.dumps({"status": "done", "result": outcome.result}, allow_nan=False)
+            status, seconds = "done", outcome.result["duration"]
+        else:
+            message = json.dumps({"status": "failed", "type": name, "error": outcome.error})
+            status, seconds = "failed", 0.0
+        self.scripts.finish(
+            keys=[
+                self.keys.proc(self.id),
+                self.keys.result(task_uuid, name),
+                self.keys.task(task_uuid),
+                self.keys.blob(task_uuid),
+                self.keys.pending,
+                self.keys.latency(name),
+            ],
+            args=[
+                item,
+                message,
+                int(self.config.limits.result_ttl_s),
+                status,
+                self.keys.channel,
+                f"{task_uuid}|{name}",
+                name,
+                seconds,
+            ],
+            client=pipe,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Worker entry point (started by `sanarl-reward`; can also run by hand on another machine)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m reward_service.worker", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", required=True, help="the service's rewards.toml")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get(REDIS_URL_ENV, ""),
+        help=f"redis://host:port/db shared with the service (default: ${REDIS_URL_ENV})",
+    )
+    parser.add_argument(
+        "--parent", type=int, default=0, help="exit when this parent pid is gone (set by the service)"
+    )
+    args = parser.parse_args(argv)
+    if not args.redis_url:
+        parser.error(f"give --redis-url or set {REDIS_URL_ENV}")
+    try:
+        config = load_service_config(args.config)
+        logging.basicConfig(
+            level=config.log_level.upper(),
+            format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s",
+        )
+        if config.workers.torch_threads:
+            import torch
+
+            torch.set_num_threads(config.workers.torch_threads)
+        from reward_service.rewards_setup import build_rewards
+
+        rewards = build_rewards(config, load=True)
+    except UserError as exc:
+        sys.stderr.write(f"reward worker {os.getpid()}: error: {exc}\n")
+        sys.exit(BAD_CONFIG_EXIT)
+    worker = Worker(config, rewards, redis.Redis.from_url(args.redis_url, socket_timeout=30), args.parent)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop.set())
+    worker.register()
+    log.info("worker %s serving %s", worker.id, sorted(rewards))
+    try:
+        worker.run()
+    finally:
+        try:
+            worker.unregister()
+        except redis.RedisError as exc:
+            log.warning("could not unregister worker %s: %s", worker.id, exc)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter teardown (seconds with torch and models loaded)
+
+
+if __name__ == "__main__":
+    main()

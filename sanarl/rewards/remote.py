@@ -1,0 +1,412 @@
+"""Scoring through the reward service (`sanarl-reward`, docs/reward-service.md): the trainer-side client.
+
+    fn = RemoteRewardFunction(cfg.train.train_policy.remote_reward)   # reads REMOTE_REWARD_* from the environment
+    task = fn.submit(images, prompts, metadata)   # enqueues at once, returns a handle (rollout continues)
+    result = task.result()                        # RewardResult, as RewardFunction returns it
+    result = fn(images, prompts, metadata)        # both in one call
+
+Environment: `REMOTE_REWARD_TOKEN` (bearer token), `REMOTE_REWARD_ENQUEUE_URL` (`http://host:port/api/reward/
+enqueue`), `REMOTE_REWARD_FETCH_URL` (`.../api/reward/pull`), as Cosmos-RL's trainer reads them.
+
+Images `[B, 3, H, W]` in [0, 1] travel as uint8 `round(255 x)` `[B, H, W, 3]` in the Cosmos-RL body (JSON + newline
++ npy written without pickle), with a fresh `request_id` so that a retried enqueue is not scored twice. Enqueue
+retries connection errors, 429 and 5xx with exponential backoff (`retries` times); pulls ask the server to wait
+for the result (`wait`, a sanarl extension Cosmos-RL's server ignores) and poll until done or the deadline.
+A failed task raises `RemoteRewardError` naming the uuid, the reward and the service's answer.
+
+Combination is the in-process one (sanarl.rewards.combine, ALGORITHMS.md section 5): each entry reads its
+`score_key` (empty = the key the service reports as the reward's default), then clip, weight, sum, final clip,
+scale; samples with non-finite pixels or scores are flagged in `nan_mask`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import logging
+import math
+import os
+import random
+import threading
+import time
+import urllib.parse
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from sanarl.core.advantages import RewardSpec, combine_rewards, nan_mask
+from sanarl.errors import ConfigError
+from sanarl.rewards.base import RewardInputError, check_batch, check_images, to_uint8_hwc
+from sanarl.rewards.combine import RewardFailure, RewardResult
+from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
+
+if TYPE_CHECKING:
+    from sanarl.config.schema import Config, RemoteRewardConfig
+
+log = logging.getLogger(__name__)
+
+ENV_TOKEN, ENV_ENQUEUE, ENV_FETCH = (
+    "REMOTE_REWARD_TOKEN",
+    "REMOTE_REWARD_ENQUEUE_URL",
+    "REMOTE_REWARD_FETCH_URL",
+)
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""Enqueue answers worth retrying (the request id makes a retry safe)."""
+
+
+class RemoteRewardError(RewardFailure):
+    """The service failed a task or refused a request; the message names the uuid and quotes the answer."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: dict[str, Any]
+    text: str
+    retry_after: float | None = None
+
+
+_ENV_HINTS = {
+    ENV_TOKEN: "the service's bearer token",
+    ENV_ENQUEUE: "e.g. http://HOST:8080/api/reward/enqueue",
+    ENV_FETCH: "e.g. http://HOST:8080/api/reward/pull",
+}
+
+
+def _env(name: str, given: str | None) -> str:
+    value = given if given is not None else os.environ.get(name, "")
+    if not value:
+        raise ConfigError(
+            f"train.train_policy.use_remote_reward is on but {name} is not set; export it ({_ENV_HINTS[name]}) "
+            "or set use_remote_reward = false to score in-process."
+        )
+    return value
+
+
+_local = threading.local()
+"""Per-thread kept-alive HTTP connections by (scheme, host:port)."""
+
+
+def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
+    pool = _local.__dict__.setdefault("pool", {})
+    key = (parts.scheme, parts.netloc)
+    if key not in pool:
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        pool[key] = cls(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+    connection = pool[key]
+    connection.timeout = timeout
+    if connection.sock is not None:
+        connection.sock.settimeout(timeout)
+    return connection
+
+
+def _drop(parts: urllib.parse.SplitResult) -> None:
+    connection = _local.__dict__.get("pool", {}).pop((parts.scheme, parts.netloc), None)
+    if connection is not None:
+        connection.close()
+
+
+def _request(url: str, data: bytes, headers: dict[str, str], timeout: float, method: str = "POST") -> _Answer:
+    """One HTTP call on this thread's kept-alive connection; status 0 with the error text when the connection
+    failed. A reused connection the server closed meanwhile is retried once on a fresh one (every call here is
+    safe to repeat: enqueue carries a request id, pull and health only read)."""
+    parts = urllib.parse.urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    for attempt in range(2):
+        connection = _connection(parts, timeout)
+        reused = connection.sock is not None
+        try:
+            try:
+                connection.request(method, target, body=data if method == "POST" else None, headers=headers)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server may have answered early (413) and closed: read that answer below
+            response = connection.getresponse()
+            text = response.read().decode("utf-8", "replace")
+        except (http.client.HTTPException, OSError) as exc:
+            _drop(parts)
+            if reused and attempt == 0:
+                continue
+            return _Answer(0, {}, f"{type(exc).__name__}: {exc}")
+        if response.will_close:
+            _drop(parts)
+        break
+    try:
+        body = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        body = {}
+    retry = response.getheader("Retry-After")
+    seconds = float(retry) if retry and retry.replace(".", "", 1).isdigit() else None
+    return _Answer(response.status, body if isinstance(body, dict) else {}, text, seconds)
+
+
+class RemoteTask:
+    """A request enqueued on the service; `result()` pulls every reward's scores and combines them."""
+
+    def __init__(self, fn: RemoteRewardFunction, uuid: str, batch: int, bad: torch.Tensor) -> None:
+        self.fn, self.uuid, self.batch, self.bad = fn, uuid, batch, bad
+        self.started = time.monotonic()
+
+    def done(self) -> bool:
+        """Whether `result()` has been computed (pulling is lazy; see `result`)."""
+        return hasattr(self, "_result")
+
+    def result(self) -> RewardResult:
+        """Pull every reward (waiting up to the deadline, counted from the enqueue) and combine."""
+        if not hasattr(self, "_result"):
+            answers = {name: self.fn._pull(self, name) for name in self.fn.names}
+            self._result = self.fn._combine(self, answers)
+        return self._result
+
+
+class RemoteRewardFunction:
+    """The rewards of `config` scored by the reward service; same call shape as `RewardFunction`.
+
+    Args:
+        config: `train.train_policy.remote_reward` (names, weights, score keys, clips, scale).
+        enqueue_url / fetch_url / token: default to the REMOTE_REWARD_* environment variables.
+        deadline_s: a task not done this many seconds after its enqueue raises RewardTimeout.
+        retries: retries of a failed enqueue (and of consecutive failed pulls) before giving up.
+        backoff_s: first retry delay; doubles each retry (with jitter), capped at 30 s.
+        timeout_s: HTTP timeout of one call (a pull's server-side wait is added).
+        pull_wait_s: how long one pull asks the server to wait for the result.
+        check: ask the service's /health now whether it serves every configured reward.
+    """
+
+    def __init__(
+        self,
+        config: RemoteRewardConfig,
+        *,
+        enqueue_url: str | None = None,
+        fetch_url: str | None = None,
+        token: str | None = None,
+        deadline_s: float = 600.0,
+        retries: int = 5,
+        backoff_s: float = 0.5,
+        timeout_s: float = 60.0,
+        pull_wait_s: float = 10.0,
+        check: bool = True,
+    ) -> None:
+        if not config.reward_fns:
+            raise ConfigError(
+                "no rewards configured: add at least one [[train.train_policy.remote_reward.reward_fns]] table."
+            )
+        self.config = config
+        self.names = tuple(fn.name for fn in config.reward_fns)
+        if len(set(self.names)) != len(self.names):
+            raise ConfigError(
+                f"train.train_policy.remote_reward.reward_fns lists a reward twice: {list(self.names)}."
+            )
+        self.enqueue_url = _env(ENV_ENQUEUE, enqueue_url)
+        self.fetch_url = _env(ENV_FETCH, fetch_url)
+        self.token = _env(ENV_TOKEN, token)
+        self.deadline_s, self.retries, self.backoff_s = float(deadline_s), int(retries), float(backoff_s)
+        self.timeout_s, self.pull_wait_s = float(timeout_s), float(pull_wait_s)
+        self.default_keys: dict[str, str] = {}
+        if check:
+            self.check_service()
+
+    @classmethod
+    def from_config(cls, cfg: Config, **kwargs: Any) -> RemoteRewardFunction:
+        """From a run config: its rewards and `rollout.reward_deadline_s` as the per-task deadline."""
+        kwargs.setdefault("deadline_s", cfg.rollout.reward_deadline_s)
+        return cls(cfg.train.train_policy.remote_reward, **kwargs)
+
+    @property
+    def health_url(self) -> str:
+        """`/health` on the enqueue URL's host."""
+        parts = urllib.parse.urlsplit(self.enqueue_url)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
+
+    def _headers(self, content_type: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", "Content-Type": content_type}
+
+    def check_service(self) -> dict[str, Any]:
+        """Read /health; raise ConfigError when the service is unreachable or lacks a configured reward."""
+        answer = _request(
+            self.health_url, b"", self._headers("application/json"), self.timeout_s, method="GET"
+        )
+        rewards = answer.body.get("rewards")
+        if answer.status == 0 or not isinstance(rewards, dict):
+            raise ConfigError(
+                f"the reward service at {self.health_url} does not answer /health ({answer.status or answer.text}); "
+                f"start it (`sanarl-reward --config ...`) or fix {ENV_ENQUEUE}."
+            )
+        missing = [name for name in self.names if name not in rewards]
+        if missing:
+            raise ConfigError(
+                f"train.train_policy.remote_reward.reward_fns names {missing}, which the reward service at "
+                f"{self.health_url} does not serve (it serves {sorted(rewards)}); enable them in its rewards.toml "
+                "or fix the names."
+            )
+        for name in self.names:
+            self.default_keys[name] = str(rewards[name].get("default_key", ""))
+        idle = [name for name in self.names if not rewards[name].get("workers")]
+        if idle:
+            log.warning(
+                "the reward service at %s has no live worker for %s yet; tasks wait in its queue (up to the "
+                "deadline of %g s)",
+                self.health_url,
+                idle,
+                self.deadline_s,
+            )
+        return answer.body
+
+    def _sleep(self, attempt: int, hint: float | None) -> None:
+        delay = min(self.backoff_s * 2**attempt, 30.0) * (0.5 + random.random())
+        time.sleep(max(delay, hint or 0.0))
+
+    def submit(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RemoteTask:
+        """Enqueue one batch (images `[B, 3, H, W]` in [0, 1]); returns at once with a `RemoteTask`."""
+        label = "+".join(self.names)
+        images = check_images(images, label)
+        prompt_list, meta = check_batch(images, prompts, metadata, label)
+        bad = ~torch.isfinite(images).flatten(1).all(dim=1).cpu()
+        if bool(bad.any()):
+            images = torch.where(bad[:, None, None, None].to(images.device), torch.zeros_like(images), images)
+        header = {
+            "prompts": prompt_list,
+            "reward_fn": {fn.name: fn.weight for fn in self.config.reward_fns},
+            "media_type": "image",
+            "metadata": meta,
+            "request_id": str(uuidlib.uuid4()),
+        }
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(to_uint8_hwc(images)), allow_pickle=False)
+        try:
+            body = (
+                json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+                + b"\n"
+                + buffer.getvalue()
+            )
+        except (TypeError, ValueError) as exc:
+            raise RewardInputError(
+                f"reward metadata must be JSON-serialisable to go to the reward service: {exc}."
+            ) from None
+        return RemoteTask(self, self._enqueue(body), len(prompt_list), bad)
+
+    def _enqueue(self, body: bytes) -> str:
+        headers = self._headers("application/octet-stream")
+        for attempt in range(self.retries + 1):
+            answer = _request(self.enqueue_url, body, headers, self.timeout_s)
+            if answer.status == 200 and isinstance(answer.body.get("uuid"), str):
+                return answer.body["uuid"]
+            if answer.status == 401:
+                raise ConfigError(
+                    f"the reward service refused the token (401 from {self.enqueue_url}); set {ENV_TOKEN} to the "
+                    "service's token."
+                )
+            if answer.status not in RETRY_STATUSES and answer.status != 0:
+                raise RemoteRewardError(
+                    f"the reward service refused the request ({answer.status} from {self.enqueue_url}): "
+                    f"{answer.body.get('error', answer.text[:500])}"
+                )
+            if attempt < self.retries:
+                self._sleep(attempt, answer.retry_after)
+        raise RemoteRewardError(
+            f"enqueue failed {self.retries + 1} times ({self.enqueue_url}); last answer: "
+            f"{answer.status or ''} {answer.body.get('error', answer.text[:500])}. Is the service up (GET /health)?"
+        )
+
+    def _pull(self, task: RemoteTask, name: str) -> dict[str, Any]:
+        """Poll `name` of `task` until done (200), failed (500), unknown (404) or past the deadline."""
+        headers = self._headers("application/x-www-form-urlencoded")
+        errors, last = 0, None
+        while True:
+            left = task.started + self.deadline_s - time.monotonic()
+            if left <= 0:
+                raise RewardTimeout(
+                    f"reward service task {task.uuid} ({name}) was not done within the deadline of "
+                    f"{self.deadline_s:g} s ({DEADLINE_KEY}); last answer: {last}. Check the service's /health."
+                )
+            wait = min(self.pull_wait_s, left)
+            form = urllib.parse.urlencode({"uuid": task.uuid, "type": name, "wait": f"{wait:.3f}"}).encode()
+            answer = _request(self.fetch_url, form, headers, self.timeout_s + wait)
+            last = f"{answer.status} {answer.body.get('status') or answer.text[:200]}"
+            if answer.status == 200:
+                return answer.body
+            if answer.status in (404, 500) and answer.body.get("status") in ("unknown", "failed"):
+                raise RemoteRewardError(
+                    f"reward service task {task.uuid} ({name}) {answer.body['status']}: {answer.body.get('error')}"
+                )
+            if answer.status == 400 and answer.body.get("status") == "pending":
+                errors = 0
+                continue
+            if answer.status == 401:
+                raise ConfigError(f"the reward service refused the token on pull; set {ENV_TOKEN} correctly.")
+            errors += 1
+            if errors > self.retries:
+                raise RemoteRewardError(
+                    f"pulling reward service task {task.uuid} ({name}) failed {errors} times in a row; last answer: "
+                    f"{answer.status or ''} {answer.body.get('error', answer.text[:300])}"
+                )
+            self._sleep(errors - 1, answer.retry_after)
+
+    def _combine(self, task: RemoteTask, answers: dict[str, dict[str, Any]]) -> RewardResult:
+        """The in-process combination over the pulled scores (see the module doc)."""
+        picked, per_key, durations = {}, {}, {}
+        for fn in self.config.reward_fns:
+            scores = _scores(task, fn.name, answers[fn.name])
+            key = fn.score_key or answers[fn.name].get("default_key") or self.default_keys.get(fn.name, "")
+            if key not in scores:
+                raise RemoteRewardError(
+                    f"reward service task {task.uuid}: reward {fn.name!r} returned keys {sorted(scores)}, not the "
+                    f"score_key {key!r}; set score_key of this reward_fns entry to one of them."
+                )
+            picked[fn.name] = scores[key]
+            per_key.update({f"{fn.name}/{k}": v for k, v in scores.items()})
+            durations[fn.name] = float(answers[fn.name].get("duration", 0.0) or 0.0)
+        specs = [
+            RewardSpec(fn.name, fn.weight, fn.name, fn.clip_min, fn.clip_max) for fn in self.config.reward_fns
+        ]
+        rr = self.config
+        total, combined = combine_rewards(
+            picked, specs, scale=rr.scale, clip_min=rr.reward_clip_min, clip_max=rr.reward_clip_max
+        )
+        total = torch.where(task.bad, torch.tensor(float("nan")), total.float())
+        per_key.update(combined)
+        mask = nan_mask(total) | torch.isinf(total)
+        if bool(mask.all()):
+            raise RewardFailure(
+                f"every one of the {task.batch} samples of reward service task {task.uuid} got a non-finite reward; "
+                "nothing is left to train on (NaN images mean the model diverged: lower train.optm_lr)."
+            )
+        return RewardResult(total, per_key, mask, durations)
+
+    def __call__(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RewardResult:
+        """Enqueue and wait: `submit(...).result()`."""
+        return self.submit(images, prompts, metadata).result()
+
+
+def _scores(task: RemoteTask, name: str, answer: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Numeric score lists of one answer as float32 `[B]` tensors (null -> NaN); other keys are skipped."""
+    raw = answer.get("scores")
+    if not isinstance(raw, dict):
+        raise RemoteRewardError(
+            f"reward service task {task.uuid} ({name}): the answer has no `scores` object."
+        )
+    out = {}
+    for key, values in raw.items():
+        if not isinstance(values, list) or not all(v is None or isinstance(v, int | float) for v in values):
+            continue  # e.g. Cosmos-RL's text predictions or nested groups: not usable as a reward
+        if len(values) != task.batch:
+            raise RemoteRewardError(
+                f"reward service task {task.uuid} ({name}): key {key!r} has {len(values)} scores for "
+                f"{task.batch} images."
+            )
+        out[key] = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+    return out

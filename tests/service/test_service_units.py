@@ -1,0 +1,306 @@
+"""Reward service pieces that need no Redis: the wire-format parser (with a fuzz test), the config file, batched
+scoring, and the CLI's bad-input exits. Oracles are hand-built bodies and in-process reward calls."""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
+from service_helpers import require_redis
+
+from reward_service.cli import main as cli_main
+from reward_service.config import loads_service_config
+from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
+from reward_service.scoring import Task, score_tasks
+from sanarl.datasets import shapes_world as world
+from sanarl.errors import ConfigError
+from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
+from sanarl.rewards.shapes import ShapesReward
+
+pytestmark = pytest.mark.service
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sanarl-hypothesis")  # not .hypothesis/ in the repo
+
+LIMITS = {"max_images": 8, "max_json_bytes": 4096}
+
+
+def pixels(count: int, size: int = 8, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, size, size, 3), dtype=np.uint8)
+
+
+def good_header(count: int = 2, **extra) -> dict:
+    return {"prompts": [f"p{i}" for i in range(count)], "reward_fn": {"jpeg_compressibility": 1.0}, **extra}
+
+
+def npy(array: np.ndarray, allow_pickle: bool = False) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=allow_pickle)
+    return buffer.getvalue()
+
+
+def refused(body: bytes, known=("jpeg_compressibility",)) -> PayloadError:
+    with pytest.raises(PayloadError) as info:
+        parse_enqueue(body, known_rewards=known, **LIMITS)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------------------ parser
+
+
+def test_parse_keeps_pixels_and_forwards_cosmos_rl_metadata():
+    images = pixels(2)
+    header = good_header(
+        metadata=[{"a": 1}, {"a": 2}],
+        tag="counting",
+        include=[{"class": "circle", "count": 2}],
+        request_id="r-1",
+    )
+    parsed = parse_enqueue(encode_body(header, images), known_rewards=["jpeg_compressibility"], **LIMITS)
+    assert parsed.count == 2 and parsed.request_id == "r-1"
+    assert parsed.header["shape"] == [2, 8, 8, 3] and parsed.header["media_type"] == "image"
+    assert parsed.rewards == {"jpeg_compressibility": 1.0}
+    include = [{"class": "circle", "count": 2}]
+    assert parsed.header["metadata"] == [
+        {"a": 1, "tag": "counting", "include": include},
+        {"a": 2, "tag": "counting", "include": include},
+    ]
+    np.testing.assert_array_equal(decode_array(parsed.npy, parsed.header["shape"]), images)
+
+
+def test_parse_single_prompt_shared_metadata_and_video():
+    video = np.zeros((2, 3, 4, 8, 8), dtype=np.uint8)
+    header = {
+        "prompt": "one",
+        "reward_fn": {"shapes": 2},
+        "metadata": {"k": "v"},
+        "video_infos": [{"fps": 8}, {"fps": 16}],
+    }
+    parsed = parse_enqueue(encode_body(header, video), known_rewards=None, **LIMITS)
+    assert parsed.header["media_type"] == "video"  # inferred from the rank
+    assert parsed.header["prompts"] == ["one", "one"]
+    assert parsed.header["metadata"] == [
+        {"k": "v", "video_info": {"fps": 8}},
+        {"k": "v", "video_info": {"fps": 16}},
+    ]
+    assert parsed.rewards == {"shapes": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "fragment"),
+    [
+        ("no_newline", 422, "no newline"),
+        ("bad_json", 422, "does not parse"),
+        ("json_list", 422, "must be an object"),
+        ("truncated", 422, "truncated"),
+        ("trailing", 422, "extra bytes"),
+        ("pickle", 422, "never unpickles"),
+        ("float32", 422, "dtype float32"),
+        ("ndim3", 422, "[B, H, W, 3]"),
+        ("zero", 422, "0 images"),
+        ("too_many", 413, "max_images"),
+        ("prompts", 422, "3 entries but the array holds 2"),
+        ("unknown", 422, "unknown reward"),
+        ("weight", 422, "finite number"),
+        ("latent", 422, "latent"),
+        ("request_id", 422, "request_id"),
+        ("long_json", 413, "max_json_bytes"),
+        ("not_npy", 422, "not a valid .npy"),
+    ],
+)
+def test_parse_refuses_bad_bodies(case, status, fragment):
+    images = pixels(2)
+    bodies = {
+        "no_newline": json.dumps(good_header()).encode(),
+        "bad_json": b"{'prompts': 1}\n" + npy(images),
+        "json_list": b"[1, 2]\n" + npy(images),
+        "truncated": encode_body(good_header(), images)[:-5],
+        "trailing": encode_body(good_header(), images) + b"xx",
+        "pickle": json.dumps(good_header(1)).encode() + b"\n" + npy(np.array([{"x": 1}], dtype=object), True),
+        "float32": encode_body(good_header(), images.astype(np.float32)),
+        "ndim3": encode_body(good_header(), images[0]),
+        "zero": encode_body(good_header(0), images[:0]),
+        "too_many": encode_body(good_header(9), pixels(9)),
+        "prompts": encode_body(good_header(3), images),
+        "unknown": encode_body({**good_header(), "reward_fn": {"jpeg_compresibility": 1.0}}, images),
+        "weight": encode_body({**good_header(), "reward_fn": {"jpeg_compressibility": "x"}}, images),
+        "latent": encode_body(good_header(media_type="latent"), images),
+        "request_id": encode_body(good_header(request_id="a b"), images),
+        "long_json": b"{" + b" " * 5000 + b"}\n" + npy(images),
+        "not_npy": json.dumps(good_header()).encode() + b"\nNOTNUMPY" + bytes(40),
+    }
+    error = refused(bodies[case])
+    assert error.status == status
+    assert fragment in str(error)
+
+
+def test_parse_reads_npy_header_only_and_never_loads_objects():
+    """An object array is refused from its header: np.load never runs on client bytes on the server."""
+    body = json.dumps(good_header(1)).encode() + b"\n" + npy(np.array([object()], dtype=object), True)
+    error = refused(body)
+    assert "pickle" in str(error) and error.status == 422
+
+
+SEED_BODY = encode_body(good_header(2, metadata=[{"x": 1}, {"y": [1, 2]}]), pixels(2, 4))
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        st.binary(max_size=400),
+        st.tuples(st.integers(0, len(SEED_BODY)), st.binary(max_size=8)).map(
+            lambda t: SEED_BODY[: t[0]] + t[1] + SEED_BODY[t[0] + len(t[1]) :]
+        ),
+        st.integers(0, len(SEED_BODY)).map(lambda n: SEED_BODY[:n]),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=5), st.lists, max_leaves=8
+        ).map(lambda v: json.dumps(v).encode() + b"\n" + SEED_BODY.split(b"\n", 1)[1]),
+    )
+)
+def test_fuzzed_bodies_only_raise_payload_errors(data):
+    """Whatever the bytes, the parser accepts them or raises PayloadError (413 / 422), never anything else."""
+    try:
+        parsed = parse_enqueue(data, known_rewards=["jpeg_compressibility"], **LIMITS)
+    except PayloadError as exc:
+        assert exc.status in (413, 422)
+    else:
+        assert decode_array(parsed.npy, parsed.header["shape"]).shape[0] == parsed.count
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+BASE = 'token = "t"\n[[reward_args]]\nreward_type = "jpeg_compressibility"\n'
+
+
+def test_config_defaults_and_reward_options():
+    cfg = loads_service_config(
+        BASE + '[[reward_args]]\nreward_type = "clipscore"\nmodel_path = "/m"\ndtype = "bf16"\n'
+        "options = { batch_size = 4 }\nenable = false\n"
+    )
+    assert cfg.host == "127.0.0.1" and cfg.workers.count == 1 and cfg.redis.persistence is True
+    assert [e.reward_type for e in cfg.enabled_rewards()] == ["jpeg_compressibility"]
+    assert cfg.reward_args[1].build_options() == {"batch_size": 4, "model": "/m", "dtype": "bf16"}
+    assert cfg.resolved_token() == "t"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (BASE + "[limits]\nmax_pending = 3\n", "Did you mean `limits.max_pending_tasks`?"),
+        ("port = 'x'\n" + BASE, "`port` must be int"),
+        (BASE + "[workers]\ncount = -1\n", "`workers.count` = -1 must be >= 0"),
+        (BASE + '[[reward_args]]\nreward_type = "jpeg_compressibility"\n', "more than once"),
+        ('token = "t"\n[[reward_args]]\nreward_type = "shapes"\nenable = false\n', "no reward is enabled"),
+        (BASE + "[limits]\nresult_ttl_s = 0\n", "`limits.result_ttl_s` = 0.0 must be > 0"),
+        (BASE + '[redis]\nfsync = "sometimes"\n', "`redis.fsync`"),
+        (BASE + "port = 1 2\n", "not valid TOML"),
+    ],
+)
+def test_config_errors_name_the_key(text, fragment):
+    with pytest.raises(ConfigError) as info:
+        loads_service_config(text, source="svc.toml")
+    assert fragment in str(info.value) and "svc.toml" in str(info.value)
+
+
+def test_config_token_from_env_or_error(monkeypatch):
+    cfg = loads_service_config(BASE.replace('token = "t"\n', ""))
+    monkeypatch.setenv("REMOTE_REWARD_TOKEN", "from-env")
+    assert cfg.resolved_token() == "from-env"
+    monkeypatch.delenv("REMOTE_REWARD_TOKEN")
+    with pytest.raises(ConfigError, match="REMOTE_REWARD_TOKEN"):
+        cfg.resolved_token()
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ('[[reward_args]]\nreward_type = "jpeg_compresibility"\n', "Did you mean 'jpeg_compressibility'?"),
+        (
+            '[[reward_args]]\nreward_type = "shapes"\noptions = { colour = 1 }\n',
+            "does not accept the options",
+        ),
+        ('[redis]\nexecutable = "no-such-redis-server"\n', "apt-get install -y redis-server"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_a_message(tmp_path, capsys, extra, fragment):
+    """Nothing is left running: rewards are checked while the (here: zero) workers boot, redis stops again."""
+    require_redis()
+    path = tmp_path / "rewards.toml"
+    path.write_text(BASE + "[workers]\ncount = 0\n" + extra)
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--config", str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sanarl-reward: error: ") and fragment in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+
+
+def as_float(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array).permute(0, 3, 1, 2).float() / 255.0
+
+
+def image_task(item: str, array: np.ndarray, metadata=None) -> Task:
+    header = {
+        "prompts": [f"{item}{i}" for i in range(len(array))],
+        "metadata": metadata or [{} for _ in range(len(array))],
+        "media_type": "image",
+        "shape": list(array.shape),
+    }
+    return Task(item, header, array)
+
+
+def test_batched_scoring_equals_one_call_per_task():
+    """Tasks of equal size share one call, other sizes get their own; scores match in-process calls exactly."""
+    reward = JpegCompressibility()
+    a, b, c = pixels(2, 16, 1), pixels(3, 16, 2), pixels(1, 24, 3)
+    out = score_tasks(reward, [image_task("a", a), image_task("b", b), image_task("c", c)])
+    for item, array in (("a", a), ("b", b), ("c", c)):
+        expected = reward.score(as_float(array), ["p"] * len(array))
+        result = out[item].result
+        assert result["scores"]["jpeg_compressibility"] == expected["jpeg_compressibility"].tolist()
+        assert result["scores"]["jpeg_kb"] == expected["jpeg_kb"].tolist()
+        assert result["input_info"]["min"] == int(array.min()) and result["input_info"]["max"] == int(
+            array.max()
+        )
+    assert out["a"].result["batch"] == {"tasks": 2, "images": 5} == out["b"].result["batch"]
+    assert out["c"].result["batch"] == {"tasks": 1, "images": 1}
+    assert out["a"].result["default_key"] == "jpeg_compressibility" and out["a"].result["attempts"] == 1
+
+
+def test_one_bad_task_fails_alone():
+    """A task whose metadata the reward rejects fails with the reward's message; the batch's other tasks pass."""
+    row = world.list_prompts("train")["single_object"][0]
+    good = world.render(row, 32, seed=0)[None]
+    out = score_tasks(ShapesReward(), [image_task("good", good, [row]), image_task("bad", good, [{}])])
+    assert (
+        out["bad"].result is None
+        and "reward 'shapes' failed" in out["bad"].error
+        and "metadata" in out["bad"].error
+    )
+    expected = ShapesReward().score(as_float(good), ["good0"], [row])
+    assert out["good"].result["scores"]["partial"] == expected["partial"].tolist()
+    assert out["good"].result["batch"]["tasks"] == 1  # rescored alone after the batched call failed
+
+
+def test_video_gets_the_mean_over_its_frames():
+    reward = JpegIncompressibility()
+    video = np.random.default_rng(4).integers(0, 256, (2, 3, 3, 16, 16), dtype=np.uint8)
+    header = {
+        "prompts": ["v0", "v1"],
+        "metadata": [{}, {}],
+        "media_type": "video",
+        "shape": list(video.shape),
+    }
+    out = score_tasks(reward, [Task("v", header, video)])["v"].result
+    frames = torch.from_numpy(video).permute(0, 2, 1, 3, 4).reshape(6, 3, 16, 16).float() / 255.0
+    per_frame = reward.score(frames, ["p"] * 6)["jpeg_kb"].reshape(2, 3)
+    assert out["scores"]["jpeg_kb"] == pytest.approx(per_frame.mean(dim=1).tolist(), rel=1e-6)
+    assert out["batch"] == {"tasks": 1, "images": 6}
