@@ -25,7 +25,10 @@ class MetricsLogger:
         config: dict[str, Any],
         enabled: bool = True,
         resume: bool = False,
+        resume_step: int | None = None,
     ) -> None:
+        """`resume`: append to an existing metrics.jsonl, first dropping records after `resume_step` (steps a killed
+        run logged after its last checkpoint, which the resumed run repeats)."""
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._wandb = None
@@ -34,6 +37,9 @@ class MetricsLogger:
             return
         if not resume and self.path.exists():
             self.path.unlink()
+        if resume and resume_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         if "wandb" in loggers:
             self._wandb = _start_wandb(project, experiment or run_dir.name, config, run_dir)
         if "tensorboard" in loggers:

@@ -262,6 +262,7 @@ class Runner:
                 config=config_to_dict(cfg),
                 enabled=acc.is_main_process,
                 resume=self.start_step > 0,
+                resume_step=self.start_step,
             )
         except ImportError as err:
             raise UserError(str(err)) from None

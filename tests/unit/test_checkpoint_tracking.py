@@ -64,6 +64,12 @@ def test_resumed_logger_appends(tmp_path):
     logger = MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=True)
     logger.log(2, {"loss": 1.0})
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    killed_late = MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=True)
+    killed_late.log(
+        3, {"loss": 0.5}
+    )  # logged after the last checkpoint (step 2), then the process was killed
+    MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=True, resume_step=2)
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
     fresh = MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=False)
     fresh.log(1, {"loss": 3.0})
     assert [r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [3.0]
