@@ -192,6 +192,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     wa = resumed.task.adapter.transformer.state_dict()
     wb = straight.task.adapter.transformer.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [r["step"] for r in read_metrics(killed / "metrics.jsonl")] == list(range(1, target + 1))
     last_a = read_metrics(killed / "metrics.jsonl")[-1]
     last_b = read_metrics(tmp_path / "straight" / "metrics.jsonl")[-1]
     assert last_a["step"] == last_b["step"] == target and last_a["loss"] == last_b["loss"]
