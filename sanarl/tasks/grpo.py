@@ -40,10 +40,10 @@ from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step, initial_noise, sample_loop
-from sanarl.errors import ConfigError, DataError
+from sanarl.errors import ConfigError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.nft import NFTTask, _reward_metrics
+from sanarl.tasks.nft import NFTTask, _reward_metrics, load_prompt_dataset
 from sanarl.tasks.rollout import PromptGroup, group_seeds
 from sanarl.tasks.sampling import GenerationSpec
 
@@ -218,15 +218,7 @@ class FlowGRPOTask(NFTTask):
         # Task's constructor, not NFT's (which requires LoRA): Flow-GRPO may fine-tune the whole transformer
         Task.__init__(self, cfg, adapter, plugin, rank=rank, world=world)
         check_grpo_config(cfg)
-        self.train_dataset = plugin.get_dataset(cfg)
-        if len(self.train_dataset) == 0:
-            raise DataError("the prompt dataset is empty; check train.train_policy.dataset.")
-        k = cfg.rollout.n_generation
-        if per_rank_batch(cfg, world) % k:
-            raise ConfigError(
-                f"each rank trains on {per_rank_batch(cfg, world)} samples per step, not a multiple of the group size "
-                f"rollout.n_generation = {k}; set train.train_batch_per_replica to a multiple of {k * world}."
-            )
+        self.train_dataset = load_prompt_dataset(cfg, plugin, world)
         tp, w = cfg.train.train_policy, cfg.policy.diffusers.sample.guidance_scale
         if w != 1.0 and not tp.cfg_in_training:
             log.warning(

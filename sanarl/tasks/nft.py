@@ -30,6 +30,21 @@ def prompts_per_rank(cfg: Config, world: int) -> int:
     return per_rank_batch(cfg, world) // cfg.rollout.n_generation
 
 
+def load_prompt_dataset(cfg: Config, plugin, world: int):
+    """The plugin's prompt dataset for a group-based RL task, checked non-empty and with whole prompt groups on
+    every rank."""
+    dataset = plugin.get_dataset(cfg)
+    if len(dataset) == 0:
+        raise DataError("the prompt dataset is empty; check train.train_policy.dataset.")
+    k = cfg.rollout.n_generation
+    if per_rank_batch(cfg, world) % k:
+        raise ConfigError(
+            f"each rank trains on {per_rank_batch(cfg, world)} samples per step, not a multiple of the group size "
+            f"rollout.n_generation = {k}; set train.train_batch_per_replica to a multiple of {k * world}."
+        )
+    return dataset
+
+
 class NFTTask(Task):
     """The `grpo` / `diffusion_nft` task."""
 
@@ -42,15 +57,7 @@ class NFTTask(Task):
                 "trainer_type = 'diffusion_nft' trains a LoRA adapter against an 'old' one; add a [policy.lora] "
                 'table (e.g. r = 4, lora_alpha = 4, lora_names = ["default", "old"]).'
             )
-        self.train_dataset = plugin.get_dataset(cfg)
-        if len(self.train_dataset) == 0:
-            raise DataError("the prompt dataset is empty; check train.train_policy.dataset.")
-        k = cfg.rollout.n_generation
-        if per_rank_batch(cfg, world) % k:
-            raise ConfigError(
-                f"each rank trains on {per_rank_batch(cfg, world)} samples per step, not a multiple of the group size "
-                f"rollout.n_generation = {k}; set train.train_batch_per_replica to a multiple of {k * world}."
-            )
+        self.train_dataset = load_prompt_dataset(cfg, plugin, world)
         self.tracker = PerPromptStatTracker(global_std=cfg.train.train_policy.global_std)
         self.engine: RolloutEngine | None = None
         self.last_metrics: dict[str, float] = {}

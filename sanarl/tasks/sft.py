@@ -8,12 +8,31 @@ from __future__ import annotations
 
 import torch
 
+from sanarl.config.schema import DiffusersConfig
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
 from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import split_batch, step_indices
+
+
+def draw_flow_matching_noise(
+    diff: DiffusersConfig, count: int, latent: tuple[int, ...], rng: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Per-sample randomness of a step, drawn for the whole per-rank batch at once so that any micro-batch split
+    gives the same numbers, in this order: timestep u [B], noise eps [B, *latent], caption keep mask [B]."""
+    u = sample_u(
+        diff.weighting_scheme,
+        count,
+        generator=rng,
+        logit_mean=diff.logit_mean,
+        logit_std=diff.logit_std,
+        mode_scale=diff.mode_scale,
+    )
+    eps = torch.randn((count, *latent), generator=rng)
+    keep = torch.rand(count, generator=rng) >= diff.caption_dropout
+    return {"u": u, "eps": eps, "keep_caption": keep}
 
 
 class SFTTask(Task):
@@ -54,20 +73,7 @@ class SFTTask(Task):
         return split_batch(batch, train.train_policy.mini_batch)
 
     def _draw_noise(self, count: int, size: tuple[int, int], rng: torch.Generator) -> dict[str, torch.Tensor]:
-        """Per-sample randomness of a step, drawn for the whole batch at once so that any micro-batch split gives
-        the same numbers: timestep u [B], noise eps [B, *latent], caption keep mask [B]."""
-        diff = self.diff
-        u = sample_u(
-            diff.weighting_scheme,
-            count,
-            generator=rng,
-            logit_mean=diff.logit_mean,
-            logit_std=diff.logit_std,
-            mode_scale=diff.mode_scale,
-        )
-        eps = torch.randn((count, *self.adapter.latent_shape(*size)), generator=rng)
-        keep = torch.rand(count, generator=rng) >= diff.caption_dropout
-        return {"u": u, "eps": eps, "keep_caption": keep}
+        return draw_flow_matching_noise(self.diff, count, self.adapter.latent_shape(*size), rng)
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         adapter, diff = self.adapter, self.diff

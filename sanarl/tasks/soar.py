@@ -38,12 +38,13 @@ from torch import Tensor
 from sanarl.config.schema import Config, SoarConfig
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward, soar_normaliser, soar_step
-from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
+from sanarl.core.timesteps import loss_weight, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import Cond
 from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import split_batch, step_indices
+from sanarl.tasks.sft import draw_flow_matching_noise
 
 ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
@@ -103,17 +104,9 @@ def draw_randomness(
     Returns [B] tensors u, s0, s1, active (bool), keep_caption (bool); noise [B, *latent];
     s_prime [B, M, P] (`aux_sigmas` per path); path_noise [B, M - 1, *latent] for the stochastic paths.
     """
-    diff, soar = cfg.policy.diffusers, cfg.train.train_policy.soar
-    u = sample_u(
-        diff.weighting_scheme,
-        count,
-        generator=rng,
-        logit_mean=diff.logit_mean,
-        logit_std=diff.logit_std,
-        mode_scale=diff.mode_scale,
-    )
-    noise = torch.randn((count, *latent), generator=rng)
-    keep = torch.rand(count, generator=rng) >= diff.caption_dropout
+    soar = cfg.train.train_policy.soar
+    base = draw_flow_matching_noise(cfg.policy.diffusers, count, latent, rng)
+    u, noise, keep = base["u"], base["eps"], base["keep_caption"]
     s0, s1, active = soar_levels(u, soar.num_sampling_steps, shift)
     paths = soar.num_rollout_paths
     s_prime = torch.stack(
