@@ -333,6 +333,8 @@ def _shallow_match(value: Any, tp: Any) -> bool:
         return isinstance(value, str)
     if _list_item(tp) is not None:
         return isinstance(value, list)
+    if typing.get_origin(tp) is dict:
+        return isinstance(value, dict)
     if isinstance(tp, type) and is_dataclass(tp):
         return isinstance(value, dict)
     return False
@@ -626,6 +628,8 @@ def _check_rewards(cfg: Config) -> None:
                 f"`{base}.reward_fns[{i}]` ({fn.name}): clip_min = {fn.clip_min} must be below clip_max = "
                 f"{fn.clip_max}; fix or remove one of them.",
             )
+    _at_least(rr.video_frame_stride, f"{base}.video_frame_stride", 1)
+    _one_of(rr.video_frame_reduction, f"{base}.video_frame_reduction", ("mean", "min", "max", "median"))
     if rr.reward_clip_min is not None and rr.reward_clip_max is not None:
         _require(
             rr.reward_clip_min < rr.reward_clip_max,
@@ -779,6 +783,8 @@ def _check_run(cfg: Config) -> None:
     _at_least(t.epoch, "train.epoch", 1)
     if t.max_num_steps is not None:
         _at_least(t.max_num_steps, "train.max_num_steps", 1)
+    if t.max_wall_minutes is not None:
+        _at_least(t.max_wall_minutes, "train.max_wall_minutes", 0.0, strict=True)
     _require(
         bool(t.output_dir.strip()), '`train.output_dir` is empty; set a run directory, e.g. "./outputs/run".'
     )
@@ -833,8 +839,13 @@ def _toml_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _toml_key(key: str) -> str:
+    """A bare TOML key when possible, else a quoted one."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
+
+
 def _toml_value(value: Any) -> str:
-    """One inline TOML value (bool, int, float, str, or a list of those)."""
+    """One inline TOML value (bool, int, float, str, or a list / inline table of those)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -849,6 +860,9 @@ def _toml_value(value: Any) -> str:
         return _toml_string(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + ", ".join(items) + " }" if value else "{}"
     raise TypeError(f"cannot write {type(value).__name__} as TOML: {value!r}")
 
 

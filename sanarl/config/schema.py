@@ -10,6 +10,7 @@ Precedence: `--set` overrides > preset file > these defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -177,6 +178,9 @@ class RewardFnConfig:
     """Key of the reward's output to use ("" = the reward's default key)."""
     clip_min: float | None = None
     clip_max: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the reward's constructor (model paths, device, dtype, batch_size, ...), e.g.
+    `options = { model = "reward_ckpts/clip", batch_size = 16 }`; checked against the reward's signature."""
 
 
 @dataclass
@@ -187,6 +191,10 @@ class RemoteRewardConfig:
     scale: float = 1.0
     reward_clip_min: float | None = None
     reward_clip_max: float | None = None
+    video_frame_stride: int = 1
+    """Video rewards: score every N-th frame with the image reward."""
+    video_frame_reduction: str = "mean"
+    """Video rewards: how per-frame scores become one score per clip: mean | min | max | median."""
 
 
 @dataclass
@@ -292,6 +300,9 @@ class TrainConfig:
     compile: bool = False
     max_num_steps: int | None = None
     """Stop after this many optimizer steps (None = run all epochs)."""
+    max_wall_minutes: float | None = None
+    """Stop after the optimizer step that crosses this wall-clock budget (minutes since start, resumes included
+    from their restart; None = no limit); the run then checkpoints and exports as at a normal end."""
     train_policy: TrainPolicyConfig = field(default_factory=TrainPolicyConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
 

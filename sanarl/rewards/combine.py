@@ -24,6 +24,7 @@ from sanarl.core.advantages import MissingScoreKeyError, RewardSpec, combine_rew
 from sanarl.errors import ConfigError, UserError
 from sanarl.rewards.base import Reward, check_batch, check_images
 from sanarl.rewards.registry import ENTRY_KEY, build_reward
+from sanarl.rewards.video import frames_as_images, score_video
 
 if TYPE_CHECKING:  # rewards do not import the config package at run time
     from sanarl.config.schema import Config, RemoteRewardConfig
@@ -110,7 +111,7 @@ class RewardFunction:
 
     Args:
         config: `train.train_policy.remote_reward` (entries, `scale`, `reward_clip_min` / `reward_clip_max`).
-        options: keyword options per reward name, passed to `build_reward`.
+        options: keyword options per reward name, passed to `build_reward` (over the entry's own `options`).
         rewards: already built rewards by entry name (shared models, tests); the others are built by name.
     """
 
@@ -130,7 +131,7 @@ class RewardFunction:
             if fn.name in prebuilt:
                 reward = prebuilt[fn.name]
             else:
-                reward = build_reward(fn.name, **dict(options.get(fn.name, {})))
+                reward = build_reward(fn.name, **{**fn.options, **dict(options.get(fn.name, {}))})
             self.rewards[fn.name] = reward
             key = _resolve_key(i, fn.name, fn.score_key, reward)
             specs.append(RewardSpec(fn.name, fn.weight, key, fn.clip_min, fn.clip_max))
@@ -153,6 +154,16 @@ class RewardFunction:
         """One reward's scores; internal failures become RewardFailure naming the reward (bad input stays a
         UserError, whose message already names the reward)."""
         try:
+            if images.ndim == 5:
+                rr = self.config
+                return score_video(
+                    self.rewards[name],
+                    images,
+                    prompts,
+                    metadata,
+                    stride=rr.video_frame_stride,
+                    reduction=rr.video_frame_reduction,
+                )
             return self.rewards[name].score(images, prompts, metadata)
         except UserError:
             raise
@@ -170,8 +181,12 @@ class RewardFunction:
         """Score a batch with every reward and combine; see the module doc. Raises RewardFailure when every
         sample's total is non-finite or a reward raised, RewardInputError for bad inputs."""
         label = "+".join(self.names)
-        images = check_images(images, label)
-        prompt_list, meta = check_batch(images, prompts, metadata, label)
+        if isinstance(images, torch.Tensor) and images.ndim == 5:  # video clips [B, C, T, H, W]
+            check_images(frames_as_images(images)[0], label)
+            prompt_list, meta = check_batch(images, prompts, metadata, label)
+        else:
+            images = check_images(images, label)
+            prompt_list, meta = check_batch(images, prompts, metadata, label)
         picked: dict[str, torch.Tensor] = {}
         per_key: dict[str, torch.Tensor] = {}
         durations: dict[str, float] = {}

@@ -195,6 +195,16 @@ class Runner:
         )
         return sums
 
+    def _out_of_time(self, started: float) -> bool:
+        """Has `train.max_wall_minutes` passed since `started`? Rank 0's clock decides for every rank."""
+        budget = self.cfg.train.max_wall_minutes
+        if budget is None:
+            return False
+        over = torch.tensor([float(time.monotonic() - started >= 60.0 * budget)], device=self.acc.device)
+        if self.acc.num_processes > 1:
+            torch.distributed.broadcast(over, src=0)
+        return bool(over.item() > 0)
+
     # --- validation and export ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def ema_weights(self):
@@ -279,16 +289,25 @@ class Runner:
         )
         with Progress(*columns, console=self.console, disable=not acc.is_main_process) as bar:
             job = bar.add_task("train", total=self.total_steps, completed=self.start_step, info="")
+            started = time.monotonic()
             for step in range(self.start_step, self.total_steps):
                 metrics = self.train_step(step)
                 done = step + 1
                 logger.log(done, metrics)
+                if self._out_of_time(started):
+                    self.total_steps = done
+                    self.console.print(
+                        f"[yellow]train.max_wall_minutes = {cfg.train.max_wall_minutes} reached[/]: "
+                        f"stopping after step {done}"
+                    )
                 if done % cfg.logging.log_freq == 0 or done == self.total_steps:
-                    bar.update(job, completed=done, info=_short(metrics))
+                    bar.update(job, completed=done, total=self.total_steps, info=_short(metrics))
                 if done % cfg.train.ckpt.save_freq == 0 and done < self.total_steps:
                     self.save(done)
                 if val.enable and done % val.freq == 0 and done < self.total_steps:
                     self.validate(done, logger)
+                if done >= self.total_steps:
+                    break
         self.save(self.total_steps)
         if val.enable:
             self.validate(self.total_steps, logger)

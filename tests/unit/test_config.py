@@ -525,6 +525,7 @@ def test_config_to_dict_is_plain_and_keeps_none() -> None:
         "score_key": "",
         "clip_min": None,
         "clip_max": 2.0,
+        "options": {},
     }
     assert data["policy"]["model_revision"] is None
     assert data["policy"]["lora"]["lora_names"] == ["default", "old"]
