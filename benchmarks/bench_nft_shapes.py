@@ -10,36 +10,33 @@ partial / strict judge scores, their standard errors and the wall time the train
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from sanarl import api
 from sanarl.config import load_config
-from sanarl.datasets.shapes_world import judge_batch, sample_item
+from sanarl.evaluation import build_rewards, describe, generate_and_score, load_source, resolve_checkpoint
+from sanarl.evaluation.prompts import shapes_prompts
 from sanarl.models import load_adapter
-from sanarl.tasks.sampling import GenerationSpec, generate_images
+from sanarl.tasks.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def evaluate(adapter, cfg, count: int, seed: int = 1234) -> tuple[float, float, float, float]:
-    """Mean partial and strict judge scores (with standard errors) over `count` held-out prompts."""
-    metas = [sample_item("test", seed, i)[0] for i in range(count)]
+    """Mean partial and strict judge scores (with standard errors) over `count` held-out prompts (sanarl.evaluation,
+    the code behind `sanarl eval`), sampled with the rollout settings (CFG-free)."""
+    rows = shapes_prompts("test", count, seed)
     spec = GenerationSpec.from_sample_config(
         cfg.policy.diffusers.sample, adapter, cfg.policy.diffusers.inference_size, evaluation=False
     )
-    images = generate_images(
-        adapter, [m["prompt"] for m in metas], [seed + i for i in range(count)], spec, batch_size=64
+    seeds = [seed + i for i in range(count)]
+    scores = generate_and_score(
+        adapter, rows.prompts, rows.metadata, seeds, spec, build_rewards(["shapes"]), batch_size=64
     )
-    results = judge_batch(images.numpy(), metas)
-    partial = torch.tensor([r.partial for r in results], dtype=torch.float64)
-    strict = torch.tensor([r.strict for r in results], dtype=torch.float64)
-    se = lambda t: float(t.std() / math.sqrt(len(t)))  # noqa: E731
-    return float(partial.mean()), se(partial), float(strict.mean()), se(strict)
+    partial, strict = describe(scores["shapes/partial"]), describe(scores["shapes/strict"])
+    return partial["mean"], partial["stderr"], strict["mean"], strict["stderr"]
 
 
 def main() -> None:
@@ -54,7 +51,12 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="sanarl-bench-nft-"))
     loaded = load_config(
         args.preset,
-        [f"train.output_dir={out}", f"train.max_num_steps={args.steps}", "validation.enable=false"],
+        [
+            f"train.output_dir={out}",
+            f"train.max_num_steps={args.steps}",
+            "validation.enable=false",
+            *args.set,
+        ],
     )
     cfg = loaded.config
     base = load_adapter(cfg.policy)
@@ -62,10 +64,8 @@ def main() -> None:
     start = time.perf_counter()
     outcome = api.train(loaded, "sanarl.datasets.shapes")
     minutes = (time.perf_counter() - start) / 60
-    trained = load_adapter(
-        cfg.policy
-    )  # the base plus the exported LoRA (EMA weights), as a user would load it
-    trained.pipeline.load_lora_weights(str(outcome.result.export_dir))
+    # the base plus the exported LoRA (EMA weights), as `sanarl eval --checkpoint <run>/export` loads it
+    trained = load_source(resolve_checkpoint(str(outcome.result.export_dir)))
     after = evaluate(trained, cfg, args.eval)
     print(f"DiffusionNFT on the tiny shapes base: {args.steps} iterations in {minutes:.1f} min ({out})")
     print(f"  held-out partial  {before[0]:.4f} +- {before[1]:.4f}  ->  {after[0]:.4f} +- {after[1]:.4f}")

@@ -247,6 +247,9 @@ class TrainPolicyConfig:
     """Flow-GRPO-Fast: [r0, r1), the steps the window lies inside (its start is uniform in [r0, r1 - size])."""
     same_noise_per_group: bool = False
     """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
+    optimizer_steps_per_rollout: int = 1
+    """Flow-GRPO: split each rollout's micro-batches over this many optimizer steps (Flow-GRPO's several gradient
+    updates per sampling epoch). Steps after the first are off-policy, which is where the PPO clip acts."""
     ratio_warn_tolerance: float = 1e-3
     """Flow-GRPO on-policy self-check: warn when the first micro-batch's |ratio - 1| exceeds this."""
     cfg_in_training: bool = True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from sanarl.config.schema import PolicyConfig
@@ -9,24 +11,29 @@ from sanarl.errors import WeightsError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.models.loading import pipeline_class_name, resolve_weights
 
+ADAPTERS: dict[str, str] = {
+    "SanaPipeline": "sanarl.models.sana:SanaAdapter",
+    "StableDiffusion3Pipeline": "sanarl.models.sd3:SD3Adapter",
+    "SanaVideoPipeline": "sanarl.models.sana_video:SanaVideoAdapter",
+}
+"""diffusers pipeline class (model_index.json `_class_name`) -> "module:AdapterClass", imported on use."""
 
-def _adapters() -> dict[str, type[DiffusionAdapter]]:
-    from sanarl.models.sana import SanaAdapter
 
-    return {"SanaPipeline": SanaAdapter}
+def _adapter_class(class_name: str) -> type[DiffusionAdapter]:
+    module, _, attr = ADAPTERS[class_name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def load_adapter(policy: PolicyConfig, device: torch.device | str = "cpu") -> DiffusionAdapter:
     """Resolve `policy.model_name_or_path`, pick the family adapter and load the pipeline onto `device`."""
     directory = resolve_weights(policy.model_name_or_path, policy.model_revision)
     class_name = pipeline_class_name(directory)
-    adapters = _adapters()
-    if class_name not in adapters:
+    if class_name not in ADAPTERS:
         raise WeightsError(
             f"{directory}: pipeline class {class_name} is not supported; sanarl supports "
-            + ", ".join(adapters)
+            + ", ".join(ADAPTERS)
         )
-    return adapters[class_name].load(directory, policy, torch.device(device))
+    return _adapter_class(class_name).load(directory, policy, torch.device(device))
 
 
 __all__ = ["Cond", "DiffusionAdapter", "load_adapter"]

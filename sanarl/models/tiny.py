@@ -11,6 +11,7 @@ They are built once into the local cache (`$SANARL_CACHE/tiny/<name>-v<version>`
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -143,7 +144,22 @@ def build_sana_dcae_pipeline(seed: int = 0):
     )
 
 
-TINY_BUILDERS: dict[str, Callable] = {"shapes": build_shapes_pipeline, "sana-dcae": build_sana_dcae_pipeline}
+TINY_BUILDERS: dict[str, Callable | str] = {
+    "shapes": build_shapes_pipeline,
+    "sana-dcae": build_sana_dcae_pipeline,
+    "sd3": "sanarl.models.tiny_sd3:build_sd3_pipeline",
+    "sana-video": "sanarl.models.tiny_video:build_sana_video_pipeline",
+    "shapes-video": "sanarl.models.tiny_video:build_shapes_video_pipeline",
+}
+"""Tiny name -> builder `(seed=0) -> pipeline`, or "module:function" imported on first use (other families)."""
+
+
+def _builder(name: str) -> Callable:
+    entry = TINY_BUILDERS[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry
 
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent.parent / "models"
@@ -174,7 +190,7 @@ def ensure_tiny_pipeline(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        TINY_BUILDERS[name]().save_pretrained(str(staging))
+        _builder(name)().save_pretrained(str(staging))
         os.replace(staging, target)
     except OSError:
         if not (target / "model_index.json").is_file():  # a concurrent builder won the rename: fine

@@ -30,6 +30,11 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "pickscore": ("sanarl.rewards.pickscore:PickScore", "pip install 'sanarl[rewards]'"),
     "clipscore": ("sanarl.rewards.clipscore:ClipScore", "pip install 'sanarl[rewards]'"),
     "aesthetic": ("sanarl.rewards.aesthetic:Aesthetic", "pip install 'sanarl[rewards]'"),
+    "hpsv2": ("sanarl.rewards.hpsv2:HPSv2", "pip install 'sanarl[rewards]'"),
+    "imagereward": ("sanarl.rewards.imagereward:ImageReward", "pip install 'sanarl[imagereward]'"),
+    "ocr": ("sanarl.rewards.ocr:OCRReward", "pip install 'sanarl[ocr]'"),
+    "geneval": ("sanarl.rewards.geneval:GenEvalReward", "pip install 'sanarl[geneval]'"),
+    "motion": ("sanarl.rewards.motion:MotionReward", ""),
 }
 """Shipped rewards: name -> ("module:attribute", install hint for its optional packages)."""
 

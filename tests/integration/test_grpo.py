@@ -234,3 +234,27 @@ def test_bad_input_is_named(run_cli, tmp_path, overrides, needles):
     assert code == 2, err
     assert all(n in message for n in needles), message
     assert not (tmp_path / "run").exists()
+
+
+def test_several_optimizer_steps_per_rollout_reuse_it_off_policy_where_the_clip_acts(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    api.train(
+        loaded(tmp_path, "train.train_policy.optimizer_steps_per_rollout=2", "train.max_num_steps=4"), SHAPES
+    )
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    rollout_steps = [r["step"] for r in records if "reward/mean" in r]
+    assert rollout_steps == [1, 3]  # rollouts at optimizer steps 0 and 2 (logged as 1 and 3)
+    first, second = records[0], records[1]
+    assert first["ratio_first_dev"] <= 1e-4 and first["clip_frac"] == 0  # on-policy half
+    # the second half of the rollout runs after one update: ratios leave 1 and the PPO clip engages
+    assert second["ratio_max"] - second["ratio_min"] > 1e-4
+    assert second["clip_frac"] > 0
+    assert not self_check_warnings(caplog)
+
+
+def test_steps_per_rollout_must_fit_checkpoints(tmp_path):
+    from sanarl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="save_freq"):
+        built(tmp_path, "train.train_policy.optimizer_steps_per_rollout=2", "train.ckpt.save_freq=3")
