@@ -23,7 +23,7 @@ from sanarl.errors import UserError
 console = Console(stderr=True)
 out = Console()
 
-SUBCOMMANDS = ("validate", "presets")
+SUBCOMMANDS = ("validate", "presets", "eval", "bench")
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 ConfigOpt = Annotated[
@@ -214,6 +214,18 @@ def presets():
     for path in sorted(PRESETS_DIR.glob("*.toml")):
         table.add_row(path.stem, preset_summary(path))
     out.print(table)
+
+
+# --- eval / bench (sanarl/evaluation, sanarl/bench) --------------------------------------------------------------
+def _register_eval_and_bench() -> None:
+    from sanarl.bench.cli import bench_app
+    from sanarl.evaluation.cli import eval_command
+
+    tools.command("eval")(eval_command)
+    tools.add_typer(bench_app, name="bench")
+
+
+_register_eval_and_bench()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks run from the CLI: `sanarl bench shapes` (shapes.py; methods.py, report.py, base_model.py)."""

@@ -1,0 +1,58 @@
+"""`sanarl bench ...` commands (registered on the tools app in sanarl/cli.py). Imports nothing heavy until run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Benchmarks (docs/shapes.md).",
+)
+
+DEFAULT_METHODS = "nft,nft-solrl,grpo,soar,sft-more"
+
+
+@bench_app.command("shapes")
+def shapes(
+    budget_minutes: Annotated[
+        float, typer.Option(help="Training wall-clock minutes per method and seed.")
+    ] = 10.0,
+    seeds: Annotated[int, typer.Option(help="Seeds per method (train.seed = 0..S-1).")] = 3,
+    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = DEFAULT_METHODS,
+    eval_: Annotated[int, typer.Option("--eval", help="Held-out samples per evaluation.")] = 512,
+    eval_steps: Annotated[int, typer.Option(help="Sampling steps of the evaluation.")] = 20,
+    output: Annotated[Path, typer.Option(help="Output directory.")] = Path("outputs/bench-shapes"),
+    rebuild_base: Annotated[
+        bool, typer.Option(help="Retrain the base from its recipe into <output>.")
+    ] = False,
+    base_steps: Annotated[int, typer.Option(help="Steps of --rebuild-base.")] = 2250,
+    resume: Annotated[bool, typer.Option(help="Skip finished method/seed runs (done.json).")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Extra override for every method.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")] = False,
+):
+    """Post-train the tiny shapes base with each method for the same budget, evaluate all on the held-out split,
+    write results.md / results.json / accuracy_vs_time.png / grids/ (docs/shapes.md, "The bench")."""
+    from sanarl.cli import _guarded
+
+    def go() -> None:
+        from sanarl.bench.methods import parse_methods
+        from sanarl.bench.shapes import BenchOptions, run_bench
+        from sanarl.cli import out
+        from sanarl.errors import UserError
+
+        if seeds < 1 or eval_ < 1 or budget_minutes <= 0 or eval_steps < 1:
+            raise UserError("`--seeds`, `--eval` and `--eval-steps` must be >= 1 and `--budget-minutes` > 0.")
+        opts = BenchOptions(
+            output=output, methods=parse_methods(methods), seeds=seeds, budget_minutes=budget_minutes,
+            eval_num=eval_, eval_steps=eval_steps, resume=resume, rebuild_base=rebuild_base, base_steps=base_steps,
+            extra_overrides=set_ or [],
+        )  # fmt: skip
+        run_bench(opts, out)
+        out.print(f"[bold green]done[/]: {output}/results.md, results.json, accuracy_vs_time.png, grids/")
+
+    _guarded(debug, go)

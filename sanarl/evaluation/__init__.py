@@ -1,0 +1,43 @@
+"""Evaluation: `sanarl eval` (generate, score, summarise, compare) and the primitives the runner and bench reuse.
+
+    from sanarl.evaluation import evaluate_rewards, load_prompts, resolve_checkpoint, run_eval
+
+Modules: `sources` (what to load), `weights` (checkpoint + EMA application), `prompts` (what to generate for),
+`scoring` (generate + score), `summary` (aggregates, GenEval accuracy, paired deltas), `run` (the command's
+outputs), `console` (progress and table), `cli` (the Typer command). Docs: docs/eval.md.
+
+Names are imported lazily, so `sanarl.evaluation.cli` (imported by the CLI at start) pulls in no torch code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "PromptSet": "prompts",
+    "load_prompts": "prompts",
+    "EvalSettings": "run",
+    "generation_spec": "run",
+    "run_eval": "run",
+    "build_rewards": "scoring",
+    "evaluate_rewards": "scoring",
+    "generate_and_score": "scoring",
+    "score_images": "scoring",
+    "ModelSource": "sources",
+    "load_source": "sources",
+    "resolve_checkpoint": "sources",
+    "resolve_model": "sources",
+    "compare": "summary",
+    "describe": "summary",
+    "geneval_accuracy": "summary",
+    "summarize": "summary",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sanarl.evaluation' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sanarl.evaluation.{_EXPORTS[name]}"), name)

@@ -1,0 +1,50 @@
+"""A shortened `sanarl bench shapes` (tiny budget, 1 seed, 2 methods, 16 eval samples): files, table, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+SMALL = (
+    "--budget-minutes", "0.001", "--seeds", "1", "--methods", "sft-more,soar", "--eval", "16", "--eval-steps", "2",
+    "--set", "train.train_batch_per_replica=4", "--set", "train.train_policy.mini_batch=4",
+    "--set", "train.train_policy.soar.num_sampling_steps=4",
+)  # fmt: skip
+
+
+def test_short_bench_writes_table_plot_grids_and_resumes(run_cli, tmp_path):
+    out = tmp_path / "bench"
+    code, stdout, stderr = run_cli("bench", "shapes", *SMALL, "--output", out)
+    assert code == 0, stderr
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in results["methods"]}
+    assert list(rows) == ["base", "sft-more", "soar"]
+    for method in ("sft-more", "soar"):
+        done = json.loads((out / method / "seed0" / "done.json").read_text())
+        assert done["steps"] == 1  # the wall budget stops after the first step
+        assert rows[method]["strict"] == pytest.approx(done["summary"]["scores"]["shapes/strict"]["mean"])
+        assert rows[method]["gain"] == pytest.approx(rows[method]["strict"] - rows["base"]["strict"])
+        assert Image.open(out / "grids" / f"{method}.png").size == (8 * 128, 2 * (128 + 34))
+    assert rows["soar"]["rollout_images"] == 4 and rows["soar"]["reward_calls"] == 0  # 1 step x 4 x 1 path
+    assert rows["sft-more"]["rollout_images"] == 0
+    assert results["ratios"][0]["what"].startswith("SOAR vs SFT-more")
+    assert 0.0 < rows["base"]["background_fraction"] <= 1.0 and rows["base"]["entropy"] > 0
+    table = (out / "results.md").read_text()
+    assert "| base | 1 |" in table and "| soar | 1 |" in table and "SOAR vs SFT-more" in table
+    assert (out / "accuracy_vs_time.png").stat().st_size > 0
+    # --resume: every run is done, nothing retrains, the records are reused unchanged
+    stamp = (out / "soar" / "seed0" / "done.json").stat().st_mtime_ns
+    code, stdout, stderr = run_cli("bench", "shapes", *SMALL, "--output", out, "--resume")
+    assert code == 0, stderr
+    assert "done (resume)" in stdout
+    assert (out / "soar" / "seed0" / "done.json").stat().st_mtime_ns == stamp
+    assert json.loads((out / "results.json").read_text())["methods"] == results["methods"]
+
+
+def test_bench_rejects_unknown_method(run_cli, tmp_path):
+    code, _, stderr = run_cli("bench", "shapes", "--methods", "nft,dpo", "--output", tmp_path)
+    assert code == 2 and "dpo" in stderr and "sft-more" in stderr
