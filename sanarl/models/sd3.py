@@ -1,0 +1,157 @@
+"""Stable Diffusion 3 / 3.5 adapter (diffusers `StableDiffusion3Pipeline`: MMDiT, AutoencoderKL, CLIP-L + CLIP-G + T5).
+
+What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (ALGORITHMS.md section 0):
+
+- Prompts: `pipeline.encode_prompt` itself. Token embeddings [B, 77 + L, 4096] are the two CLIPs' penultimate hidden
+  states concatenated on features (768 + 1280), zero-padded to T5's width and stacked on the sequence axis with T5's
+  last hidden state of length L = `policy.diffusers.max_prompt_length` (the pipeline's `max_sequence_length`, the same
+  value in training, rollout and eval); pooled [B, 2048] = the two CLIPs' projected end-of-text features. No mask:
+  the MMDiT attends to the padding tokens, as in the pipeline.
+- Model call: `transformer(x, encoder_hidden_states, pooled_projections, timestep=1000 * s)`; the pipeline's
+  timesteps are the scheduler's sigmas times `num_train_timesteps = 1000` (floats) and its output is the velocity
+  `eps - x0` of `x_s = (1 - s) x0 + s eps` (FlowMatchEulerDiscreteScheduler steps `x + v (s' - s)`).
+- Latents: `z = (mode(vae.encode(2x - 1)) - shift_factor) * scaling_factor` and the inverse on decode. The mode (the
+  posterior mean) rather than a sample: the posterior std of SD3's VAE is tiny, and the mode makes data encoding a
+  deterministic function of the image (the random draws of a step stay in sanarl's seeded generators).
+- Grid shift: the scheduler's `shift` (3.0 for SD3.5), applied once to the sigma grid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+from torch import nn
+
+from sanarl.config.schema import PolicyConfig
+from sanarl.errors import ConfigError
+from sanarl.models.base import Cond, DiffusionAdapter
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+T5_LIMIT = 512
+"""Longest `max_sequence_length` the pipeline accepts."""
+
+
+class SD3Adapter(DiffusionAdapter):
+    """Adapter over a loaded StableDiffusion3Pipeline; the transformer (MMDiT) is the trained module."""
+
+    family = "sd3"
+    pipeline_cls = StableDiffusion3Pipeline
+    default_lora_targets = (
+        "attn.add_k_proj",
+        "attn.add_q_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+        "attn.to_k",
+        "attn.to_out.0",
+        "attn.to_q",
+        "attn.to_v",
+    )
+    """Joint-attention projections of both streams (image: to_*, text: add_*), as Cosmos-RL's and diffusers' SD3
+    LoRA scripts target them; SD3.5's second (image-only) attention `attn2` is left alone."""
+
+    def __init__(
+        self, pipeline: StableDiffusion3Pipeline, policy: PolicyConfig, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.transformer = pipeline.transformer
+        self.vae = pipeline.vae
+        self.text_encoders = nn.ModuleList(
+            [getattr(pipeline, n) for n in TEXT_ENCODERS if getattr(pipeline, n) is not None]
+        )
+        self.device = device
+        self.max_prompt_length = policy.diffusers.max_prompt_length
+        self.offload = policy.diffusers.offload
+        self.default_shift = float(pipeline.scheduler.config.get("shift", 1.0) or 1.0)
+
+    @classmethod
+    def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SD3Adapter:
+        """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`, the transformer in
+        float32 master weights, on `device` (text encoders and VAE stay on CPU with `offload`)."""
+        length = policy.diffusers.max_prompt_length
+        if not 1 <= length <= T5_LIMIT:  # checked before any weight is read
+            raise ConfigError(
+                f"`policy.diffusers.max_prompt_length = {length}`: SD3's T5 encoder takes 1 to {T5_LIMIT} tokens; "
+                "set it in that range (Cosmos-RL's SD3.5 recipes use 128 or 300, SOAR's uses 77)."
+            )
+        dtype = DTYPES[policy.diffusers.dtype]
+        # the trained transformer is read straight into float32 master weights (no round trip through `dtype`)
+        dtypes = {"default": dtype, "transformer": torch.float32}
+        pipe = StableDiffusion3Pipeline.from_pretrained(str(directory), dtype=dtypes)
+        pipe.set_progress_bar_config(disable=True)
+        pipe.transformer.to(device)
+        frozen = [pipe.vae, *(getattr(pipe, n) for n in TEXT_ENCODERS if getattr(pipe, n) is not None)]
+        for module in frozen:
+            module.requires_grad_(False).eval()
+            if not policy.diffusers.offload:
+                module.to(device)
+        return cls(pipe, policy, device)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """embeds [B, 77 + L, D_T5] and pooled [B, P] exactly as `StableDiffusion3Pipeline.encode_prompt`; mask None."""
+        with self.resident(self.text_encoders):
+            embeds, _, pooled, _ = self.pipeline.encode_prompt(
+                prompt=list(prompts),
+                prompt_2=None,
+                prompt_3=None,
+                device=self.device,
+                do_classifier_free_guidance=False,
+                max_sequence_length=self.max_prompt_length,
+            )
+        return Cond(embeds=embeds, mask=None, pooled=pooled)
+
+    def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """MMDiT call: x [B, C, h, w], s [B] -> velocity [B, C, h, w] at the float timestep 1000 s."""
+        dtype = next(self.transformer.parameters()).dtype
+        return module(
+            hidden_states=x.to(dtype),
+            encoder_hidden_states=cond.embeds.to(dtype),
+            pooled_projections=cond.pooled.to(dtype),
+            timestep=1000.0 * s,
+            return_dict=False,
+        )[0]
+
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """images [B, 3, H, W] in [0, 1] -> z [B, C, H/f, W/f] = (mode(E(2x - 1)) - shift) * scale (float32)."""
+        cfg = self.vae.config
+        x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
+        with self.resident(self.vae):
+            mean = self.vae.encode(x).latent_dist.mode().float()
+        return (mean - (cfg.shift_factor or 0.0)) * cfg.scaling_factor
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """z [B, C, h, w] -> images [B, 3, f h, f w] in [0, 1] (the pipeline's decode, then (x + 1) / 2 clamped)."""
+        cfg = self.vae.config
+        z = (latents / cfg.scaling_factor + (cfg.shift_factor or 0.0)).to(self.device, self.vae.dtype)
+        with self.resident(self.vae):
+            x = self.vae.decode(z).sample.float()
+        return ((x + 1.0) / 2.0).clamp(0.0, 1.0)
+
+    def save_lora(self, directory: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
+        """Write `pytorch_lora_weights.safetensors` with the "default" adapter's peft config as metadata, so that
+        `StableDiffusion3Pipeline.load_lora_weights(dir)` restores its `lora_alpha / r` scale (without it diffusers
+        assumes alpha = r)."""
+        config = getattr(self.transformer, "peft_config", {}).get("default")
+        self.pipeline_cls.save_lora_weights(
+            str(directory),
+            transformer_lora_layers=state_dict,
+            transformer_lora_adapter_metadata=None if config is None else config.to_dict(),
+        )
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """(C, H / f, W / f); H and W must be multiples of f times the transformer's patch size (as the pipeline
+        checks), else ValueError."""
+        f = self.pipeline.vae_scale_factor
+        step = f * self.transformer.config.patch_size
+        if height % step or width % step:
+            raise ValueError(
+                f"image size {height}x{width} is not divisible by {step} (VAE factor {f} x patch size "
+                f"{self.transformer.config.patch_size})"
+            )
+        return (self.transformer.config.in_channels, height // f, width // f)

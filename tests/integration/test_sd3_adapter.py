@@ -1,0 +1,314 @@
+"""The SD3.5 adapter on the tiny random-init SD3 (`sanarl-tiny:sd3`): oracles are diffusers' own
+`StableDiffusion3Pipeline` (encode_prompt, __call__, VAE) and hand computations; then every task runs one step on it
+through `sanarl.api.train` with no family-specific code, and its exports load back into diffusers.
+
+Sampler oracle as in test_sampler_matches_diffusers.py: the pipeline fed the same prompt text, the same per-sample
+seeds, `sigmas = linspace(1, 1/N, N)` (its scheduler shifts them once by 3.0, which is sanarl's grid), CFG against
+"" (pipeline: guidance_scale > 1), `output_type="latent"`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sanarl import api
+from sanarl.config import load_config
+from sanarl.config.schema import PolicyConfig
+from sanarl.core.tracking import read_metrics
+from sanarl.errors import ConfigError
+from sanarl.models import load_adapter
+from sanarl.models.loading import resolve_weights
+from sanarl.tasks.sampling import GenerationSpec, generate_latents
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = ROOT / "tests" / "data" / "presets"
+SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
+SHAPES = "sanarl.datasets.shapes"
+PROMPTS = ["a red circle left of a blue square", "two green triangles"]
+SEEDS = [11, 12, 13]
+STEPS = 4
+LENGTH = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads on a shared 2-core box (see test_sampler_matches_diffusers)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _no_metrics_plot(monkeypatch):
+    """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
+    import sanarl.tasks.runner as runner
+
+    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
+
+
+@pytest.fixture(scope="module")
+def sd3():
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+    policy.diffusers.max_prompt_length = LENGTH
+    adapter = load_adapter(policy)
+    adapter.transformer.eval()
+    return adapter
+
+
+# --- prompts ------------------------------------------------------------------------------------------------------
+def test_encode_prompts_is_the_pipelines_encode_prompt(sd3):
+    cond = sd3.encode_prompts(PROMPTS)
+    embeds, _, pooled, _ = sd3.pipeline.encode_prompt(
+        PROMPTS, None, None, do_classifier_free_guidance=False, max_sequence_length=LENGTH
+    )
+    assert cond.mask is None
+    assert cond.embeds.shape == (2, 16 + LENGTH, 32) and cond.pooled.shape == (2, 32)
+    assert torch.equal(cond.embeds, embeds) and torch.equal(cond.pooled, pooled)
+
+
+def test_prompt_embeddings_by_hand(sd3):
+    """CLIP-L / CLIP-G penultimate states side by side, then T5 of max_prompt_length tokens; pooled = both CLIPs'
+    projected features at their end-of-text token."""
+    pipe = sd3.pipeline
+    prompt = [PROMPTS[1]]  # three words
+    cond = sd3.encode_prompts(prompt)
+    clip = []
+    pooled = []
+    for tok, enc in ((pipe.tokenizer, pipe.text_encoder), (pipe.tokenizer_2, pipe.text_encoder_2)):
+        ids = tok(prompt, padding="max_length", max_length=16, return_tensors="pt").input_ids
+        assert ids[0, [0, 4, 5]].tolist() == [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]
+        out = enc(ids, output_hidden_states=True)
+        clip.append(out.hidden_states[-2])
+        pooled.append(out.text_embeds)
+    ids3 = pipe.tokenizer_3(prompt, padding="max_length", max_length=LENGTH, truncation=True).input_ids
+    assert (
+        ids3[0][3:] == [pipe.tokenizer_3.eos_token_id] + [pipe.tokenizer_3.pad_token_id] * 4
+    )  # padded to LENGTH
+    t5 = pipe.text_encoder_3(torch.tensor(ids3))[0]
+    torch.testing.assert_close(cond.embeds[:, :16], torch.cat(clip, dim=-1))  # 16 + 16 = T5's 32 wide
+    torch.testing.assert_close(cond.embeds[:, 16:], t5)
+    torch.testing.assert_close(cond.pooled, torch.cat(pooled, dim=-1))
+
+
+# --- the model call and sampling ----------------------------------------------------------------------------------
+def test_velocity_is_the_mmdit_at_timestep_1000_s_with_pooled_projections(sd3):
+    cond = sd3.encode_prompts(PROMPTS)
+    x = torch.randn(2, *sd3.latent_shape(32, 32))
+    s = torch.tensor([0.3, 0.9])
+    direct = sd3.transformer(
+        hidden_states=x,
+        encoder_hidden_states=cond.embeds,
+        pooled_projections=cond.pooled,
+        timestep=torch.tensor([300.0, 900.0]),
+        return_dict=False,
+    )[0]
+    assert torch.equal(sd3.velocity(x, s, cond), direct)
+    other = sd3.velocity(x, s, type(cond)(cond.embeds, None, torch.zeros_like(cond.pooled)))
+    assert (other - direct).abs().max() > 1e-3  # the pooled embedding is really used
+
+
+def _sanarl(adapter, guidance: float) -> torch.Tensor:
+    spec = GenerationSpec(STEPS, guidance, "euler", 0.0, adapter.default_shift, 32, 32)
+    cond = adapter.encode_prompts([PROMPTS[0]] * len(SEEDS))
+    return generate_latents(adapter, cond, SEEDS, spec).latents
+
+
+def _diffusers(adapter, guidance: float) -> torch.Tensor:
+    return adapter.pipeline(
+        prompt=[PROMPTS[0]] * len(SEEDS),
+        num_inference_steps=STEPS,
+        sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)),
+        guidance_scale=guidance,
+        height=32,
+        width=32,
+        max_sequence_length=LENGTH,
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        output_type="latent",
+    ).images
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.5])
+def test_final_latents_match_the_pipeline(sd3, guidance):
+    ours, theirs = _sanarl(sd3, guidance), _diffusers(sd3, guidance)
+    assert sd3.default_shift == 3.0
+    assert ours.shape == theirs.shape == (3, 4, 8, 8)
+    assert (ours - theirs).abs().max().item() < 1e-5
+    assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # different seeds, different samples
+
+
+def test_guidance_changes_the_sample(sd3):
+    assert (_sanarl(sd3, 4.5) - _sanarl(sd3, 1.0)).abs().max().item() > 1e-2
+
+
+# --- latents ------------------------------------------------------------------------------------------------------
+def test_latents_are_the_vae_mode_shifted_and_scaled(sd3):
+    vae = sd3.vae
+    assert (vae.config.shift_factor, vae.config.scaling_factor) == (0.0609, 1.5305)
+    images = torch.rand(2, 3, 32, 32)
+    dist = vae.encode(2 * images - 1).latent_dist
+    z = sd3.encode_images(images)
+    torch.testing.assert_close(z, (dist.mean - 0.0609) * 1.5305)
+    assert torch.equal(sd3.encode_images(images), z)  # the mode: deterministic
+    # decode undoes exactly that normalisation and maps [-1, 1] -> [0, 1], as the pipeline's decode + postprocess
+    raw = vae.decode(dist.mean).sample
+    torch.testing.assert_close(sd3.decode(z), ((raw + 1) / 2).clamp(0, 1), atol=1e-5, rtol=0)
+    pipe_images = sd3.pipeline.image_processor.postprocess(
+        vae.decode(z / 1.5305 + 0.0609).sample, output_type="pt"
+    )
+    torch.testing.assert_close(sd3.decode(z), pipe_images, atol=1e-6, rtol=0)
+
+
+def test_latent_shape_and_sizes_the_model_cannot_take(sd3):
+    assert sd3.latent_shape(64, 96) == (4, 16, 24)
+    with pytest.raises(ValueError, match="not divisible by 8 \\(VAE factor 4 x patch size 2\\)"):
+        sd3.latent_shape(36, 32)
+
+
+def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd3):
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+    policy.diffusers.max_prompt_length = LENGTH
+    policy.diffusers.offload = True
+    off = load_adapter(policy)
+    assert off.offload and len(off.text_encoders) == 3
+    cond, ref = off.encode_prompts(PROMPTS), sd3.encode_prompts(PROMPTS)
+    assert torch.equal(cond.embeds, ref.embeds) and torch.equal(cond.pooled, ref.pooled)
+    images = torch.rand(1, 3, 32, 32)
+    assert torch.equal(off.encode_images(images), sd3.encode_images(images))
+    frozen = [off.vae, *off.text_encoders]
+    assert all(next(m.parameters()).device.type == "cpu" for m in frozen)
+
+
+def test_bfloat16_frozen_parts_with_float32_master_weights(sd3):
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+    policy.diffusers.max_prompt_length = LENGTH
+    policy.diffusers.dtype = "bfloat16"
+    half = load_adapter(policy)
+    assert [m.dtype for m in half.text_encoders] == [torch.bfloat16] * 3 and half.vae.dtype == torch.bfloat16
+    full = sd3.transformer.state_dict()
+    for k, v in half.transformer.state_dict().items():  # read straight into float32: bit-identical weights
+        assert v.dtype == torch.float32 and torch.equal(v, full[k]), k
+    cond = half.encode_prompts(PROMPTS)
+    torch.testing.assert_close(cond.pooled.float(), sd3.encode_prompts(PROMPTS).pooled, atol=0.05, rtol=0.05)
+
+
+def test_t5_length_beyond_512_is_a_config_error():
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+    policy.diffusers.max_prompt_length = 600
+    with pytest.raises(ConfigError, match="max_prompt_length = 600"):
+        load_adapter(policy)
+
+
+# --- every task on SD3 --------------------------------------------------------------------------------------------
+def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome:
+    loaded = load_config(PRESETS / preset, [f"train.output_dir={out}", *extra])
+    return api.train(loaded, plugin)
+
+
+def _finite_records(out: Path, steps: int) -> list[dict]:
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in records)
+    return records
+
+
+def test_sft_step_trains_the_mmdit_and_exports_a_pipeline(tmp_path, sd3):
+    from diffusers import StableDiffusion3Pipeline
+
+    initial = sd3.transformer.state_dict()  # the same tiny weights, never trained
+    outcome = _train(
+        "sd3-sft.toml",
+        tmp_path,
+        SQUARES,
+        "validation.enable=true",
+        "validation.num_samples=2",
+        "validation.batch_size=2",
+        "policy.diffusers.sample.eval_num_steps=2",
+        "policy.diffusers.sample.guidance_scale=4.5",
+    )
+    _finite_records(tmp_path, 1)
+    assert [p.name for p in (tmp_path / "samples").glob("*.png")] == ["step_00000001.png"]  # decoded grid
+    trained = {k: v.cpu() for k, v in outcome.task.adapter.transformer.state_dict().items()}
+    assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
+    reloaded = StableDiffusion3Pipeline.from_pretrained(str(tmp_path / "export"))
+    for k, v in reloaded.transformer.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+
+
+def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, sd3):
+    from diffusers import StableDiffusion3Pipeline
+
+    outcome = _train("sd3-sft-lora.toml", tmp_path, SQUARES)
+    _finite_records(tmp_path, 1)
+    adapter = outcome.task.adapter
+    assert any(".attn.add_q_proj.lora_A" in k for k, _ in outcome.task.trainable_parameters())
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(resolve_weights("sanarl-tiny:sd3")))
+    pipe.load_lora_weights(str(tmp_path / "export"))
+    # the run used its accelerator's device (cuda when present); the comparison runs on CPU
+    cond = adapter.encode_prompts(PROMPTS).to("cpu")
+    x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
+    theirs = pipe.transformer(
+        hidden_states=x,
+        encoder_hidden_states=cond.embeds,
+        pooled_projections=cond.pooled,
+        timestep=1000 * s,
+        return_dict=False,
+    )[0]
+    with torch.no_grad():
+        ours = adapter.velocity(x.to(adapter.device), s.to(adapter.device), cond.to(adapter.device)).cpu()
+        base = sd3.velocity(x, s, cond)
+    assert (ours - base).abs().max() > 1e-4  # the step moved the LoRA weights off zero
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
+
+
+def test_nft_iteration_trains_the_default_adapter(tmp_path):
+    from sanarl.core.lora import adapter_parameters
+
+    outcome = _train("sd3-nft.toml", tmp_path, SHAPES)
+    _finite_records(tmp_path, 1)
+    lora_b = {
+        k: v
+        for k, v in adapter_parameters(outcome.task.adapter.transformer, "default").items()
+        if "lora_B" in k
+    }
+    still = sorted(k for k, v in lora_b.items() if v.abs().max() == 0)
+    # every adapter moved but one: the last MMDiT block drops its text stream (context_pre_only), so its text
+    # queries reach no output and get exactly zero gradient
+    assert len(lora_b) == 15 and still == ["transformer_blocks.1.attn.add_q_proj.lora_B.default.weight"]
+
+
+def test_flow_grpo_iteration_with_cfg(tmp_path):
+    outcome = _train("sd3-grpo.toml", tmp_path, SHAPES)
+    from sanarl.core.lora import adapter_parameters
+
+    _finite_records(tmp_path, 1)
+    default = adapter_parameters(outcome.task.adapter.transformer, "default")
+    assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
+
+
+def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3):
+    data = ROOT / "datasets" / "examples" / "soar"
+    initial = sd3.transformer.state_dict()
+    outcome = _train(
+        "sd3-soar.toml",
+        tmp_path,
+        "sanarl.datasets.soar_jsonl",
+        f"train.train_policy.dataset.local_dir={data}",
+    )
+    dataset = outcome.task.train_dataset
+    assert sorted(dataset.buckets) == [(64, 64), (64, 96)] and len(dataset) == 6
+    assert outcome.task.steps_per_epoch() == 2  # one batch of 2 per bucket; the third row of each sits out
+    for r in _finite_records(tmp_path, 2):
+        assert r["loss_main"] > 0 and r["loss_aux"] >= 0
+        assert r["num_aux_points"] == 2 * 2 * 2 * (
+            1 - r["boundary_fraction"]
+        )  # paths x points x active samples
+    trained = {k: v.cpu() for k, v in outcome.task.adapter.transformer.state_dict().items()}
+    assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
