@@ -710,10 +710,6 @@ def _check_lora(cfg: Config) -> None:
     _at_least(lora.r, "policy.lora.r", 1)
     _at_least(lora.lora_alpha, "policy.lora.lora_alpha", 0, strict=True)
     _in_unit(lora.lora_dropout, "policy.lora.lora_dropout", low_open=False, high_open=True)
-    _require(
-        len(lora.target_modules) > 0,
-        '`policy.lora.target_modules` is empty; list module name suffixes, e.g. ["attn1.to_q", "attn1.to_v"].',
-    )
     names = lora.lora_names
     _require(
         "default" in names and len(set(names)) == len(names),

@@ -23,19 +23,9 @@ class LoraConfig:
     """LoRA scaling numerator (scale = lora_alpha / r)."""
     init_lora_weights: bool | str = "gaussian"
     """peft init: true (kaiming A, zero B), "gaussian", or false (random B; tests only)."""
-    target_modules: list[str] = field(
-        default_factory=lambda: [
-            "attn1.to_q",
-            "attn1.to_k",
-            "attn1.to_v",
-            "attn1.to_out.0",
-            "attn2.to_q",
-            "attn2.to_k",
-            "attn2.to_v",
-            "attn2.to_out.0",
-        ]
-    )
-    """Module name suffixes that receive adapters (diffusers names)."""
+    target_modules: list[str] = field(default_factory=list)
+    """Module name suffixes that receive adapters (diffusers names); empty = the model family's default (SANA:
+    attn1/attn2 to_q, to_k, to_v, to_out.0; SD3.5: the joint attention's projections)."""
     lora_names: list[str] = field(default_factory=lambda: ["default"])
     """Adapters to create. RL tasks use ["default", "old"]: "default" trains, "old" is the behaviour policy."""
     lora_dropout: float = 0.0
@@ -248,8 +238,9 @@ class TrainPolicyConfig:
     same_noise_per_group: bool = False
     """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
     optimizer_steps_per_rollout: int = 1
-    """Flow-GRPO: split each rollout's micro-batches over this many optimizer steps (Flow-GRPO's several gradient
-    updates per sampling epoch). Steps after the first are off-policy, which is where the PPO clip acts."""
+    """NFT and Flow-GRPO: split each rollout's micro-batches over this many optimizer steps (the several gradient
+    updates per sampling epoch of both public codebases). Flow-GRPO: steps after the first are off-policy, which is
+    where the PPO clip acts. NFT: the old adapter moves once per rollout, after its last step."""
     ratio_warn_tolerance: float = 1e-3
     """Flow-GRPO on-policy self-check: warn when the first micro-batch's |ratio - 1| exceeds this."""
     cfg_in_training: bool = True

@@ -27,7 +27,7 @@ def lora_names(cfg: Config) -> list[str]:
     return list(dict.fromkeys([*cfg.policy.lora.lora_names, *task_class(cfg).lora_names]))
 
 
-def _add_lora(module: torch.nn.Module, cfg: Config) -> None:
+def _add_lora(module: torch.nn.Module, cfg: Config, default_targets: tuple[str, ...]) -> None:
     lora = cfg.policy.lora
     assert lora is not None
     add_lora_adapters(
@@ -36,7 +36,7 @@ def _add_lora(module: torch.nn.Module, cfg: Config) -> None:
         r=lora.r,
         alpha=lora.lora_alpha,
         init=lora.init_lora_weights,
-        target_modules=lora.target_modules,
+        target_modules=lora.target_modules or list(default_targets),
         dropout=lora.lora_dropout,
     )
 
@@ -66,7 +66,7 @@ def apply_checkpoint(adapter: DiffusionAdapter, cfg: Config, path: Path, *, use_
         )
     module = adapter.trainable_module()
     if cfg.policy.lora is not None:
-        _add_lora(module, cfg)
+        _add_lora(module, cfg, adapter.default_lora_targets)
     model = load_file(str(model_file))
     if cfg.policy.lora is None:
         missing = sorted(set(module.state_dict()) - set(model))

@@ -156,5 +156,11 @@ class DiffusionAdapter(ABC):
         self.pipeline.save_pretrained(str(directory))
 
     def save_lora(self, directory: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
-        """Write a diffusers-loadable LoRA file (`pipe.load_lora_weights(dir)`)."""
-        self.pipeline_cls.save_lora_weights(str(directory), transformer_lora_layers=state_dict)
+        """Write a diffusers-loadable LoRA file (`pipe.load_lora_weights(dir)`) with the "default" adapter's peft
+        config as metadata, so loading restores its `lora_alpha / r` scale (without it diffusers assumes alpha = r)."""
+        config = getattr(self.trainable_module(), "peft_config", {}).get("default")
+        self.pipeline_cls.save_lora_weights(
+            str(directory),
+            transformer_lora_layers=state_dict,
+            transformer_lora_adapter_metadata=None if config is None else config.to_dict(),
+        )

@@ -133,17 +133,6 @@ class SD3Adapter(DiffusionAdapter):
             x = self.vae.decode(z).sample.float()
         return ((x + 1.0) / 2.0).clamp(0.0, 1.0)
 
-    def save_lora(self, directory: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
-        """Write `pytorch_lora_weights.safetensors` with the "default" adapter's peft config as metadata, so that
-        `StableDiffusion3Pipeline.load_lora_weights(dir)` restores its `lora_alpha / r` scale (without it diffusers
-        assumes alpha = r)."""
-        config = getattr(self.transformer, "peft_config", {}).get("default")
-        self.pipeline_cls.save_lora_weights(
-            str(directory),
-            transformer_lora_layers=state_dict,
-            transformer_lora_adapter_metadata=None if config is None else config.to_dict(),
-        )
-
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         """(C, H / f, W / f); H and W must be multiples of f times the transformer's patch size (as the pipeline
         checks), else ValueError."""

@@ -61,7 +61,7 @@ class Task(ABC):
                 r=lora.r,
                 alpha=lora.lora_alpha,
                 init=lora.init_lora_weights,
-                target_modules=lora.target_modules,
+                target_modules=lora.target_modules or list(self.adapter.default_lora_targets),
                 dropout=lora.lora_dropout,
             )
         if self.cfg.policy.model_gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):

@@ -43,7 +43,7 @@ from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step, initial_
 from sanarl.errors import ConfigError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.nft import NFTTask, _reward_metrics, load_prompt_dataset
+from sanarl.tasks.nft import NFTTask, _reward_metrics, check_steps_per_rollout, load_prompt_dataset
 from sanarl.tasks.rollout import PromptGroup
 from sanarl.tasks.sampling import GenerationSpec
 
@@ -127,34 +127,11 @@ def check_grpo_config(cfg: Config) -> None:
             "DiffusionNFT) do not apply: remove them (family = 'diffusionnft', num_candidates = 0)."
         )
     _check_window(tp.sde_window_size, tp.sde_window_range, n, sample.solver)
-    _check_steps_per_rollout(cfg)
+    check_steps_per_rollout(cfg)
     if sample.solver == "cps" and tp.sde_window_size == 0 and n < 2:
         raise ConfigError(
             "with solver = 'cps' the last step lands on s' = 0 deterministically, so num_steps = 1 leaves no step "
             "to train; set policy.diffusers.sample.num_steps >= 2."
-        )
-
-
-def _check_steps_per_rollout(cfg: Config) -> None:
-    tp, k = cfg.train.train_policy, cfg.train.train_policy.optimizer_steps_per_rollout
-    if k < 1:
-        raise ConfigError(
-            f"train.train_policy.optimizer_steps_per_rollout = {k} must be >= 1 (1 = one update per rollout)."
-        )
-    per_rank = per_rank_batch(cfg, 1)
-    micro = max(1, per_rank // max(1, tp.mini_batch))
-    if k > micro:
-        raise ConfigError(
-            f"train.train_policy.optimizer_steps_per_rollout = {k} exceeds the {micro} samples-chunks of a rollout "
-            f"(train_batch_per_replica {cfg.train.train_batch_per_replica} / mini_batch {tp.mini_batch}); lower it "
-            "or raise train_batch_per_replica."
-        )
-    ckpt = cfg.train.ckpt
-    if k > 1 and ckpt.enable_checkpoint and ckpt.save_freq % k:
-        raise ConfigError(
-            f"train.ckpt.save_freq = {ckpt.save_freq} is not a multiple of optimizer_steps_per_rollout = {k}: a "
-            "checkpoint inside a rollout cannot resume it exactly. Set save_freq to a multiple of "
-            f"{k} (e.g. {k * max(1, round(ckpt.save_freq / k))})."
         )
 
 
@@ -297,33 +274,10 @@ class FlowGRPOTask(NFTTask):
             metrics["sde_window_start"] = float(window[0])
         return groups, trajectories, metrics
 
-    def steps_per_epoch(self) -> int:
-        return super().steps_per_epoch() * self.cfg.train.train_policy.optimizer_steps_per_rollout
-
-    def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
-        """The micro-batches of optimizer step `step`: with `optimizer_steps_per_rollout` = k, rollout r serves
-        optimizer steps r k ... r k + k - 1, each taking one contiguous k-th of its micro-batches."""
-        k = self.cfg.train.train_policy.optimizer_steps_per_rollout
-        rollout_step, part = divmod(step, k)
-        if part == 0 or self._pending is None or self._pending[0] != rollout_step:
-            if part != 0:
-                log.warning(
-                    "flow_grpo: resuming inside rollout %d (optimizer step %d of %d): re-sampling that rollout "
-                    "with the current policy (checkpoint on rollout boundaries, save_freq a multiple of %d, to avoid "
-                    "this).",
-                    rollout_step,
-                    part + 1,
-                    k,
-                    k,
-                )
-            self._pending = (rollout_step, self._rollout_batches(rollout_step, rng))
-            self._ratio.reset()
-        else:
-            self.last_metrics = {}
-        chunks = _split_even(self._pending[1], k)
-        mine = chunks[part]
-        padded = self._pad_for_ddp(mine, self.last_groups, self.last_trajectories)
-        set_loss_weights(mine, len(padded))
+    def _finish_chunk(self, batches: list[dict]) -> list[dict]:
+        """Pad to the ranks' common micro-batch count and weight rows so the step's loss is the row mean."""
+        padded = self._pad_for_ddp(batches, self.last_groups, self.last_trajectories)
+        set_loss_weights(batches, len(padded))
         return padded
 
     def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
@@ -336,12 +290,10 @@ class FlowGRPOTask(NFTTask):
         metrics.update(dropped_groups=float(dropped), samples_trained=float(signal.sum()))
         self.last_metrics, self.last_groups, self.last_trajectories = metrics, groups, trajectories
         self._maybe_save_grid(step, groups)
+        self._ratio.reset()
         tp = self.cfg.train.train_policy
         adv = clip_advantages(adv, tp.advantage_low, tp.advantage_high)
-        batches = self._training_batches(groups, trajectories, adv, signal, rng)
-        if tp.optimizer_steps_per_rollout > 1:  # each optimizer step sees a random subset of rows and levels
-            batches = [batches[i] for i in torch.randperm(len(batches), generator=rng).tolist()]
-        return batches
+        return self._training_batches(groups, trajectories, adv, signal, rng)
 
     def _training_batches(
         self,
@@ -506,15 +458,6 @@ class FlowGRPOTask(NFTTask):
              f"{tp.optimizer_steps_per_rollout} of its micro-batches"),
             ("steps", f"{per_epoch} per epoch x {cfg.train.epoch} epoch(s) -> {total} optimizer steps"),
         ]  # fmt: skip
-
-
-def _split_even(items: list[dict], parts: int) -> list[list[dict]]:
-    """`items` cut into `parts` contiguous chunks whose sizes differ by at most one (earlier chunks larger)."""
-    size, extra = divmod(len(items), parts)
-    bounds = [0]
-    for p in range(parts):
-        bounds.append(bounds[-1] + size + (1 if p < extra else 0))
-    return [items[bounds[p] : bounds[p + 1]] for p in range(parts)]
 
 
 def _trained_plan(cfg: Config) -> tuple[int, str]:

@@ -8,6 +8,7 @@ the optimizer step the old adapter decays toward the trained one and the inferen
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -16,14 +17,16 @@ from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.ema import decay_old_weights, old_weight_decay
 from sanarl.core.flow import interpolate, sigma_grid
-from sanarl.core.images import save_grid
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
+from sanarl.core.media import save_media
 from sanarl.core.nft_loss import nft_loss
 from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import Cond
 from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import step_indices
 from sanarl.tasks.rollout import PromptGroup, RolloutEngine, group_seeds
+
+log = logging.getLogger(__name__)
 
 
 def prompts_per_rank(cfg: Config, world: int) -> int:
@@ -63,6 +66,8 @@ class NFTTask(Task):
         self.last_metrics: dict[str, float] = {}
         self.last_groups: list[PromptGroup] = []
         self.run_dir: Path | None = None
+        self._pending: tuple[int, list[dict]] | None = None
+        check_steps_per_rollout(cfg)
 
     def setup_model(self) -> None:
         super().setup_model()
@@ -70,7 +75,8 @@ class NFTTask(Task):
 
     def steps_per_epoch(self) -> int:
         prompts_per_step = self.cfg.train.train_batch_per_replica // self.cfg.rollout.n_generation
-        return max(1, len(self.train_dataset) // prompts_per_step)
+        rollouts = max(1, len(self.train_dataset) // prompts_per_step)
+        return rollouts * self.cfg.train.train_policy.optimizer_steps_per_rollout
 
     # --- rollout and advantages ---------------------------------------------------------------------------------
     def _step_prompts(self, step: int) -> tuple[list[str], list[dict]]:
@@ -84,6 +90,13 @@ class NFTTask(Task):
         )
         items = [self.train_dataset[i] for i in idx]
         return [it["prompt"] for it in items], [it.get("metadata", {}) for it in items]
+
+    def _group_seeds(self, step: int, count: int, per_group: int) -> list[list[int]]:
+        """Sample seeds of this rank's `count` prompt groups, keyed by each group's global position in the step
+        (rank r holds positions r * count ... r * count + count - 1, as in `step_indices`): ranks draw disjoint
+        noise, and W ranks roll out exactly what one rank with the whole batch would."""
+        first = self.rank * count
+        return [group_seeds(self.cfg.train.seed, step, 0, first + p, per_group) for p in range(count)]
 
     def _advantages(self, groups: list[PromptGroup]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """Per-sample advantages [N] and keep mask [N] (finite reward) over this step's samples of all ranks."""
@@ -108,9 +121,37 @@ class NFTTask(Task):
         return adv[mine], all_keep[mine], stats
 
     def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+        """The micro-batches of optimizer step `step`. With `optimizer_steps_per_rollout` = k, rollout r serves
+        optimizer steps r k ... r k + k - 1, each taking one contiguous k-th of the rollout's shuffled micro-batches
+        (rollout metrics are reported on the step that samples)."""
+        k = self.cfg.train.train_policy.optimizer_steps_per_rollout
+        rollout_step, part = divmod(step, k)
+        if part == 0 or self._pending is None or self._pending[0] != rollout_step:
+            if part != 0:
+                log.warning(
+                    "resuming inside rollout %d (optimizer step %d of its %d): re-sampling that rollout with the "
+                    "current policy (keep train.ckpt.save_freq a multiple of %d to avoid this).",
+                    rollout_step,
+                    part + 1,
+                    k,
+                    k,
+                )
+            batches = self._rollout_batches(rollout_step, rng)
+            if k > 1:  # each optimizer step sees a random subset of rows and levels
+                batches = [batches[i] for i in torch.randperm(len(batches), generator=rng).tolist()]
+            self._pending = (rollout_step, batches)
+        else:
+            self.last_metrics = {}
+        return self._finish_chunk(split_even(self._pending[1], k)[part])
+
+    def _finish_chunk(self, batches: list[dict]) -> list[dict]:
+        """Hook: the micro-batches of one optimizer step, as the runner gets them."""
+        return batches
+
+    def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+        """Roll out the prompts of rollout `step`, score them, and build all its training micro-batches."""
         prompts, metas = self._step_prompts(step)
-        m = self.engine.m
-        seeds = [group_seeds(self.cfg.train.seed, step, self.rank, p, m) for p in range(len(prompts))]
+        seeds = self._group_seeds(step, len(prompts), self.engine.m)
         module = self.adapter.trainable_module()
         module.eval()
         groups, metrics = self.engine.rollout(prompts, metas, seeds)
@@ -184,9 +225,13 @@ class NFTTask(Task):
         return loss, {"loss": loss.item(), **{k: float(v) for k, v in metrics.items()}}
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:
-        """theta_old <- d theta_old + (1 - d) theta, d = decay(step, weight_copy_decay_type); refresh the copies."""
+        """After the last optimizer step of a rollout (`step` = optimizer steps done): theta_old <- d theta_old +
+        (1 - d) theta, d = decay(rollouts done, weight_copy_decay_type); refresh the inference copies."""
+        k = self.cfg.train.train_policy.optimizer_steps_per_rollout
+        if step % k:
+            return {}
         module = self.adapter.trainable_module()
-        decay = old_weight_decay(step, self.cfg.policy.diffusers.weight_copy_decay_type)
+        decay = old_weight_decay(step // k, self.cfg.policy.diffusers.weight_copy_decay_type)
         old = adapter_parameters(module, "old")
         new = adapter_parameters(module, "default")
         pairs = [(old[k], new[k.replace(".old.", ".default.")]) for k in old]
@@ -201,7 +246,9 @@ class NFTTask(Task):
         shown = groups[: max(1, 32 // max(1, len(groups[0].seeds)))]
         images = torch.cat([g.images for g in shown])[:32]
         captions = [f"{g.prompt} | r={r:.3f}" for g in shown for r in g.reward.total.tolist()][:32]
-        save_grid(images, captions, self.run_dir / "rollouts" / f"step_{step:08d}.png")
+        save_media(
+            images, captions, self.run_dir / "rollouts" / f"step_{step:08d}"
+        )  # .png, or .mp4 for clips
 
     def close(self) -> None:
         if self.engine is not None:
@@ -218,7 +265,8 @@ class NFTTask(Task):
         per_rank = per_rank_batch(cfg, world)
         steps = cfg.policy.diffusers.sample.num_steps
         trained = max(1, int(steps * cfg.policy.diffusers.timesteps_fraction))
-        per_epoch = max(1, dataset_size // (bpr // k))
+        spr = cfg.train.train_policy.optimizer_steps_per_rollout
+        per_epoch = max(1, dataset_size // (bpr // k)) * spr
         total = cfg.train.epoch * per_epoch
         if cfg.train.max_num_steps is not None:
             total = min(total, cfg.train.max_num_steps)
@@ -232,11 +280,44 @@ class NFTTask(Task):
              f"(int({steps} x {cfg.policy.diffusers.timesteps_fraction})) = {(per_rank // mb) * trained} backward passes"),
             ("rollout", f"family {ro.family}: {m} drafts -> {k} kept per prompt, {steps} steps, guidance "
              f"{cfg.policy.diffusers.sample.guidance_scale}, solver {cfg.policy.diffusers.sample.solver}"),
-            ("steps", f"{per_epoch} per epoch x {cfg.train.epoch} epoch(s) -> {total} optimizer steps"),
+            ("steps", f"{per_epoch} per epoch x {cfg.train.epoch} epoch(s) -> {total} optimizer steps"
+             + (f" ({spr} per rollout, each on 1/{spr} of its micro-batches)" if spr > 1 else "")),
         ]  # fmt: skip
         if ro.family == "sol_rl":
             rows.append(("preview", f"{ro.preview_step} steps at {ro.preview_precision}"))
         return rows
+
+
+def split_even(items: list[dict], parts: int) -> list[list[dict]]:
+    """`items` cut into `parts` contiguous chunks whose sizes differ by at most one (earlier chunks larger)."""
+    size, extra = divmod(len(items), parts)
+    bounds = [0]
+    for p in range(parts):
+        bounds.append(bounds[-1] + size + (1 if p < extra else 0))
+    return [items[bounds[p] : bounds[p + 1]] for p in range(parts)]
+
+
+def check_steps_per_rollout(cfg: Config) -> None:
+    """`optimizer_steps_per_rollout` fits the rollout's micro-batches and the checkpoint cadence (ConfigError)."""
+    tp, k = cfg.train.train_policy, cfg.train.train_policy.optimizer_steps_per_rollout
+    if k < 1:
+        raise ConfigError(
+            f"train.train_policy.optimizer_steps_per_rollout = {k} must be >= 1 (1 = one update per rollout)."
+        )
+    chunks = max(1, cfg.train.train_batch_per_replica // max(1, tp.mini_batch))
+    if k > chunks:
+        raise ConfigError(
+            f"train.train_policy.optimizer_steps_per_rollout = {k} exceeds the {chunks} sample chunks of a rollout "
+            f"(train_batch_per_replica {cfg.train.train_batch_per_replica} / mini_batch {tp.mini_batch}); lower it "
+            "or raise train_batch_per_replica."
+        )
+    ckpt = cfg.train.ckpt
+    if k > 1 and ckpt.enable_checkpoint and ckpt.save_freq % k:
+        raise ConfigError(
+            f"train.ckpt.save_freq = {ckpt.save_freq} is not a multiple of optimizer_steps_per_rollout = {k}: a "
+            "checkpoint inside a rollout cannot resume it exactly. Set save_freq to a multiple of "
+            f"{k} (e.g. {k * max(1, round(ckpt.save_freq / k))})."
+        )
 
 
 def _reward_metrics(groups: list[PromptGroup]) -> dict[str, float]:

@@ -58,6 +58,39 @@ def test_nft_steps_train_the_default_adapter_and_decay_the_old_one(tmp_path, mon
     assert outcome.result.steps == 3
 
 
+def test_two_optimizer_steps_per_rollout_move_the_old_adapter_once_per_rollout(tmp_path, monkeypatch):
+    from sanarl.tasks import nft
+
+    rollouts, moves = [], []
+    original_rollout, original_after = nft.NFTTask._rollout_batches, nft.NFTTask.after_optimizer_step
+
+    def spy_rollout(self, step, rng):
+        rollouts.append(step)
+        return original_rollout(self, step, rng)
+
+    def spy_after(self, step):
+        module = self.adapter.trainable_module()
+        before = {k: v.detach().clone() for k, v in adapter_parameters(module, "old").items()}
+        out = original_after(self, step)
+        after = adapter_parameters(module, "old")
+        moves.append((step, any(not torch.equal(before[k], after[k]) for k in before), out))
+        return out
+
+    monkeypatch.setattr(nft.NFTTask, "_rollout_batches", spy_rollout)
+    monkeypatch.setattr(nft.NFTTask, "after_optimizer_step", spy_after)
+    api.train(
+        loaded(tmp_path, "train.max_num_steps=4", "train.train_policy.optimizer_steps_per_rollout=2"), SHAPES
+    )
+    assert rollouts == [0, 1]  # optimizer steps 0-1 share rollout 0, steps 2-3 rollout 1
+    assert [(s, moved) for s, moved, _ in moves] == [(1, False), (2, True), (3, False), (4, True)]
+    assert moves[1][2]["old_decay"] == old_weight_decay(1, 1) and moves[3][2][
+        "old_decay"
+    ] == old_weight_decay(2, 1)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if "reward/mean" in r] == [1, 3]
+    assert all(r["grad_norm"] > 0 for r in records)  # every optimizer step trains on its half
+
+
 def test_sol_rl_regenerates_exactly_the_kept_seeds(tmp_path):
     """A kept draft regenerated at the preview's step count equals the draft (explicit per-sample seeds)."""
     cfg = loaded(
