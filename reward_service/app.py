@@ -35,8 +35,10 @@ from reward_service.protocol import REQUEST_ID, EnqueueRequest, PayloadError, pa
 
 FORM_LIMIT = 64 * 1024
 """Largest pull / ping form body."""
-THREAD_PARSE_BYTES = 256 * 1024
-"""Bodies above this size are parsed and hashed off the event loop."""
+THREAD_PARSE_BYTES = 8 * 1024 * 1024
+"""Bodies above this size are parsed and hashed off the event loop. Parsing reads only the npy header; hashing
+(the request id's digest) runs at ~1 GB/s, so smaller bodies cost less than the hop to a thread (measured: a
+300 KB body took ~0.3 ms inline and 2-7 ms through the thread pool on a loaded machine)."""
 
 
 class Refusal(Exception):

@@ -1,8 +1,9 @@
 """Server-side Redis access (asyncio): enqueue, the state of a task, waiting for a result, health figures.
 
 Every state change is one Lua script (lua.py); reads are pipelined. Completion notifications arrive on one
-pub/sub subscription per server process and wake the pulls waiting on that task; waiters re-check every
-`RECHECK_S` anyway, so a missed message (a Redis reconnect) costs at most that much latency.
+pub/sub subscription per server process and carry the stored result, so a waiting pull answers without reading
+Redis again; waiters re-check every `RECHECK_S` anyway, so a missed message (a Redis reconnect) costs at most
+that much latency.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class AsyncBroker:
     def __init__(self, client: Any, keys: Keys, limits: LimitsConfig, workers: WorkersConfig) -> None:
         self.client, self.keys, self.limits, self.workers = client, keys, limits, workers
         self.scripts = Scripts.register(client)
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._waiters: dict[str, set[asyncio.Future]] = defaultdict(set)
         self._served: tuple[float, set[str]] = (0.0, set())
         self._memory: tuple[float, int] = (0.0, 0)
 
@@ -201,19 +202,30 @@ class AsyncBroker:
         until = loop.time() + max(0.0, min(wait_s, self.limits.max_pull_wait_s))
         key = f"{task_uuid}|{reward}"
         while True:
-            event = asyncio.Event()
-            self._waiters[key].add(event)
+            done: asyncio.Future = loop.create_future()
+            self._waiters[key].add(done)
             try:
                 answer = await self.state(task_uuid, reward)
                 left = until - loop.time()
                 if answer.status != PENDING_STATUS or left <= 0:
                     return answer
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=min(RECHECK_S, left))
+                try:
+                    stored = await asyncio.wait_for(done, timeout=min(RECHECK_S, left))
+                except asyncio.TimeoutError:
+                    continue
+                if stored:
+                    return _stored_answer(json.loads(stored), {"uuid": task_uuid, "type": reward})
             finally:
-                self._waiters[key].discard(event)
+                self._waiters[key].discard(done)
                 if not self._waiters[key]:
                     self._waiters.pop(key, None)
+
+    def _notify(self, data: bytes) -> None:
+        """Hand a completion message (`<uuid>|<reward>[\\n<stored JSON>]`) to the pulls waiting on that task."""
+        key, _, stored = data.partition(b"\n")
+        for waiter in self._waiters.get(key.decode(), ()):
+            if not waiter.done():
+                waiter.set_result(stored)
 
     async def listen(self) -> None:
         """Forward completion messages to waiting pulls; runs until cancelled, resubscribing after errors."""
@@ -224,8 +236,7 @@ class AsyncBroker:
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
-                        for event in self._waiters.get(message["data"].decode(), ()):
-                            event.set()
+                        self._notify(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: retry; waiters re-check on their own meanwhile

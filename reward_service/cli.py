@@ -114,7 +114,7 @@ def serve(args: argparse.Namespace) -> None:
         names = [entry.reward_type for entry in config.enabled_rewards()]
         logging.getLogger("reward_service").info(
             "serving %s on http://%s:%d (redis %s, %d worker(s))", names, config.host, config.port, url,
-            config.workers.count,
+            len(supervisor.slots),
         )  # fmt: skip
         app = create_app(config, token=token, redis_url=url)
         uvicorn_config = uvicorn.Config(

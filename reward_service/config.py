@@ -28,6 +28,8 @@ TOKEN_ENV = "REMOTE_REWARD_TOKEN"
 """Environment variable holding the bearer token when the config's `token` is empty (the trainer reads it too)."""
 REWARD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 """Reward names the service accepts (registry names such as `jpeg_compressibility`, `dance_grpo`)."""
+VIDEO_REDUCTIONS = ("mean", "min", "max", "median")
+"""How per-frame scores of a clip are reduced (`sanarl.rewards.video.REDUCTIONS`)."""
 
 
 @dataclass
@@ -72,10 +74,11 @@ class LimitsConfig:
 
 @dataclass
 class WorkersConfig:
-    """`[workers]`: scoring processes started by this instance (each hosts every enabled reward)."""
+    """`[workers]`: scoring processes started by this instance and the settings every worker shares."""
 
     count: int = 1
-    """Worker processes (0 = an API-only instance; workers of other instances sharing the Redis do the work)."""
+    """General worker processes: each hosts every enabled reward that no `[[worker_groups]]` entry takes (0 = an
+    API-only instance when there are no groups either; workers of other instances sharing the Redis do the work)."""
     batch_images: int = 64
     """Most images per scoring call: queued tasks of one reward are batched across requests up to this."""
     visibility_timeout_s: float = 30.0
@@ -86,6 +89,21 @@ class WorkersConfig:
     """torch.set_num_threads in each worker (0 = torch's default)."""
     restart_limit: int = 5
     """Restarts of crashed workers allowed per minute before the service stops restarting them."""
+
+
+@dataclass
+class WorkerGroup:
+    """`[[worker_groups]]`: dedicated worker processes for some rewards, so that a slow reward model does not hold up
+    the cheap ones (a worker scores its rewards' batches one after another)."""
+
+    rewards: list[str] = field(default_factory=list)
+    """Enabled `reward_type`s these workers host (each reward belongs to at most one group)."""
+    count: int = 1
+    """Worker processes of this group."""
+    device: str = ""
+    """Device of the group's reward models ("" = each reward's own `[[reward_args]] device`)."""
+    batch_images: int = 0
+    """Most images per scoring call in this group (0 = `workers.batch_images`)."""
 
 
 @dataclass
@@ -104,6 +122,11 @@ class RewardArgs:
     """Model directory or Hub id passed as the reward's `model` option ("" = the reward's default)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Other keyword options of the reward (e.g. `{ batch_size = 16 }`)."""
+    video_frame_stride: int = 1
+    """Videos: score every N-th frame with this (image) reward, unless the request's `reward_fn` says otherwise."""
+    video_frame_reduction: str = "mean"
+    """Videos: per-frame scores -> one score per clip by mean | min | max | median, unless the request says
+    otherwise."""
 
     def build_options(self) -> dict[str, Any]:
         """The keyword options `build_reward(reward_type, **options)` gets."""
@@ -138,12 +161,25 @@ class ServiceConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    worker_groups: list[WorkerGroup] = field(default_factory=list)
     reward_args: list[RewardArgs] = field(default_factory=list)
     source: str = field(default="<defaults>", metadata={"internal": True})
 
     def enabled_rewards(self) -> list[RewardArgs]:
         """The `[[reward_args]]` entries with `enable = true`, in file order."""
         return [entry for entry in self.reward_args if entry.enable]
+
+    def reward_entry(self, name: str) -> RewardArgs:
+        """The enabled `[[reward_args]]` entry of reward `name` (KeyError when there is none)."""
+        for entry in self.enabled_rewards():
+            if entry.reward_type == name:
+                return entry
+        raise KeyError(name)
+
+    def general_rewards(self) -> list[str]:
+        """Enabled rewards no `[[worker_groups]]` entry takes: the general workers (`workers.count`) host these."""
+        grouped = {name for group in self.worker_groups for name in group.rewards}
+        return [e.reward_type for e in self.enabled_rewards() if e.reward_type not in grouped]
 
     def resolved_token(self) -> str:
         """The bearer token: `token`, else the REMOTE_REWARD_TOKEN environment variable, else ConfigError."""
@@ -266,6 +302,7 @@ def _check(cfg: ServiceConfig) -> None:
         _require(value >= low, f"{src}: `{key}` = {value} must be >= {low}.")
     _require(w.visibility_timeout_s > 0, f"{src}: `workers.visibility_timeout_s` must be > 0.")
     _check_reward_args(cfg)
+    _check_groups(cfg)
 
 
 def _check_limits(limits: LimitsConfig, src: str) -> None:
@@ -288,6 +325,15 @@ def _check_reward_args(cfg: ServiceConfig) -> None:
             f"{src}: `reward_args[{i}].reward_type` = {entry.reward_type!r} must be a reward name (letters, digits, "
             '`_`, `.`, `-`; e.g. "jpeg_compressibility").',
         )
+        _require(
+            entry.video_frame_stride >= 1,
+            f"{src}: `reward_args[{i}].video_frame_stride` = {entry.video_frame_stride} must be >= 1.",
+        )
+        _require(
+            entry.video_frame_reduction in VIDEO_REDUCTIONS,
+            f"{src}: `reward_args[{i}].video_frame_reduction` = {entry.video_frame_reduction!r} must be one of "
+            f"{' | '.join(VIDEO_REDUCTIONS)}.",
+        )
         names.append(entry.reward_type)
     dupes = sorted({n for n in names if names.count(n) > 1})
     _require(not dupes, f"{src}: `reward_args` lists {dupes} more than once; keep one entry per reward.")
@@ -295,3 +341,30 @@ def _check_reward_args(cfg: ServiceConfig) -> None:
         bool(cfg.enabled_rewards()),
         f'{src}: no reward is enabled: add a [[reward_args]] table with reward_type = "..." and enable = true.',
     )
+
+
+def _check_groups(cfg: ServiceConfig) -> None:
+    """Each group names enabled rewards, none twice; counts and batch sizes are in range."""
+    src, enabled = cfg.source, [e.reward_type for e in cfg.enabled_rewards()]
+    seen: dict[str, int] = {}
+    for i, group in enumerate(cfg.worker_groups):
+        key = f"{src}: `worker_groups[{i}]"
+        _require(
+            bool(group.rewards), f'{key}.rewards` is empty; list the rewards it hosts, e.g. ["pickscore"].'
+        )
+        _require(group.count >= 0, f"{key}.count` = {group.count} must be >= 0.")
+        _require(group.batch_images >= 0, f"{key}.batch_images` = {group.batch_images} must be >= 0.")
+        for name in group.rewards:
+            if name not in enabled:
+                close = difflib.get_close_matches(name, enabled, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"{key}.rewards` names {name!r}, which is not an enabled [[reward_args]] entry "
+                    f"({enabled}).{hint} Enable it or fix the name."
+                )
+            _require(
+                name not in seen,
+                f"{key}.rewards` lists {name!r}, already in worker_groups[{seen.get(name)}]; a reward belongs to one "
+                "group.",
+            )
+            seen[name] = i

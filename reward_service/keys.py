@@ -15,7 +15,8 @@ A *task* is one (request uuid, reward) pair; its queue item is the string `"<rew
     rid:<request id>    "<uuid>|<sha256 of the body>" (idempotent enqueue)
     pending             number of queue items in every queue and processing list
     lat:<reward>        recent "end_to_end_s,score_s" samples (at most 256)
-    done                pub/sub channel, message "<uuid>|<reward>" when a task finishes
+    done                pub/sub channel, message "<uuid>|<reward>" when a task finishes (a scored or failed
+                        task adds "\n<the stored result JSON>")
 """
 
 from __future__ import annotations

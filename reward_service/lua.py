@@ -49,29 +49,40 @@ return {'ok', ARGV[1]}
 """
 )
 
-CLAIM = """
--- KEYS: queue, proc    ARGV: image budget, max items
+CLAIM = (
+    _NOW
+    + """
+-- KEYS: queue, proc    ARGV: image budget, max items, prefix, reward
 -- Moves items from the queue's consumer end to the processing list while their image counts fit the budget
--- (the first item always moves: one large request is still scored, the reward batches it internally).
-local budget, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
-local taken, total = {}, 0
-while #taken < limit do
+-- (the first item always moves: one large request is still scored, the reward batches it internally), and
+-- returns what scoring them needs in the same round trip:
+--   {now, {item, header, created, attempts, npy, done}, ...}   (false where a key is gone)
+local budget, limit, prefix, name = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local out, taken, total = {string.format('%.6f', now())}, 0, 0
+while taken < limit do
   local item = redis.call('LINDEX', KEYS[1], -1)
   if not item then break end
   local n = tonumber(string.match(item, '|(%d+)$'))
-  if #taken > 0 and total + n > budget then break end
+  if taken > 0 and total + n > budget then break end
   redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-  taken[#taken + 1] = item
-  total = total + n
+  taken, total = taken + 1, total + n
+  local uuid = string.match(item, '^[^|]+|([^|]+)|')
+  local fields = redis.call('HMGET', prefix .. 'task:' .. uuid, 'header', 'created', 'a:' .. name)
+  local blob = redis.call('GET', prefix .. 'blob:' .. uuid)
+  local done = redis.call('EXISTS', prefix .. 'result:' .. uuid .. ':' .. name)
+  out[#out + 1] = {item, fields[1], fields[2], fields[3], blob, done}
 end
-return taken
+if taken == 0 then return {} end
+return out
 """
+)
 
 FINISH = (
     _NOW
     + """
 -- KEYS: proc, result, task, blob, pending, latency
 -- ARGV: item, result JSON ('' = only drop the item), ttl, status, channel, message, reward, score seconds
+-- Publishes "<uuid>|<reward>\\n<result JSON>": waiting pulls answer from the message without reading Redis again.
 local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
 if removed > 0 then redis.call('DECRBY', KEYS[5], removed) end
 if ARGV[2] == '' or redis.call('EXISTS', KEYS[3]) == 0 then return 0 end
@@ -81,7 +92,7 @@ if redis.call('HINCRBY', KEYS[3], 'remaining', -1) <= 0 then redis.call('DEL', K
 local created = tonumber(redis.call('HGET', KEYS[3], 'created'))
 redis.call('LPUSH', KEYS[6], string.format('%.6f,%s', now() - created, ARGV[8]))
 redis.call('LTRIM', KEYS[6], 0, 255)
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+redis.call('PUBLISH', ARGV[5], ARGV[6] .. '\\n' .. ARGV[2])
 return 1
 """
 )

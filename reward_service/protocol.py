@@ -2,7 +2,8 @@
 
 Body = `json_bytes + b"\\n" + npy_bytes`:
 - JSON object: `prompts` (B strings; Cosmos-RL's GenEval requests may send one `prompt` instead), `reward_fn`
-  (`{name: weight}`), `media_type` (`"image"` | `"video"`; inferred from the array's rank when absent), optional
+  (`{name: weight}`; sanarl also accepts `{name: {"weight", "video_frame_stride", "video_frame_reduction"}}`,
+  the frame options used for videos only), `media_type` (`"image"` | `"video"`; inferred from the array's rank when absent), optional
   `metadata` (one dict per sample, or one dict for all), optional `video_infos` (one dict per video), optional
   `request_id` (makes enqueue idempotent). Any other top-level key (GenEval's `tag`, `include`, ...; OCR's
   `ocr_use_gpu`) is forwarded to the reward in every sample's metadata, as Cosmos-RL does.
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from reward_service.config import REWARD_NAME
+from reward_service.config import REWARD_NAME, VIDEO_REDUCTIONS
 
 RESERVED_KEYS = frozenset(
     {"prompts", "prompt", "reward_fn", "media_type", "metadata", "video_infos", "request_id"}
@@ -36,6 +37,8 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 """Accepted client request ids (a UUID fits)."""
 MAX_NDIM_DIM = 1 << 20
 """No single array dimension may exceed this (guards the byte-count product against absurd headers)."""
+FRAME_OPTIONS = ("video_frame_stride", "video_frame_reduction")
+"""Per-reward video options a `reward_fn` object may carry (defaults: the service's `[[reward_args]]`)."""
 
 
 class PayloadError(ValueError):
@@ -92,7 +95,7 @@ def parse_enqueue(
     shape = _parse_npy_header(npy)
     media_type = _media_type(data, shape)
     count = _check_shape(shape, media_type, max_images)
-    rewards = _rewards(data, known_rewards)
+    rewards, frames = _rewards(data, known_rewards)
     prompts = _prompts(data, count)
     header = {
         "prompts": prompts,
@@ -101,6 +104,8 @@ def parse_enqueue(
         "shape": list(shape),
         "rewards": rewards,
     }
+    if frames and media_type == "video":
+        header["frames"] = frames
     return EnqueueRequest(header=header, npy=npy, request_id=_request_id(data))
 
 
@@ -188,24 +193,55 @@ def _check_shape(shape: tuple[int, ...], media_type: str, max_images: int) -> in
     return shape[0]
 
 
-def _rewards(data: Mapping[str, Any], known: Collection[str] | None) -> dict[str, float]:
+def _rewards(
+    data: Mapping[str, Any], known: Collection[str] | None
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """`({name: weight}, {name: frame options})` of `reward_fn`; a value is a weight (Cosmos-RL) or an object
+    `{"weight", "video_frame_stride", "video_frame_reduction"}` (sanarl; the frame keys are optional)."""
     fns = data.get("reward_fn")
     if not isinstance(fns, dict) or not fns:
         raise PayloadError('`reward_fn` must be a non-empty object {"reward name": weight}.')
     rewards: dict[str, float] = {}
-    for name, weight in fns.items():
+    frames: dict[str, dict[str, Any]] = {}
+    for name, value in fns.items():
         if not REWARD_NAME.fullmatch(name):
             raise PayloadError(f"`reward_fn` has an invalid reward name {name[:80]!r}.")
+        weight = value.get("weight", 1.0) if isinstance(value, dict) else value
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
             raise PayloadError(f"`reward_fn[{name!r}]` must be a finite number (the weight), got {weight!r}.")
         rewards[name] = float(weight)
+        if isinstance(value, dict):
+            options = _frame_options(name, value)
+            if options:
+                frames[name] = options
     unknown = sorted(set(rewards) - set(known)) if known is not None else []
     if unknown:
         raise PayloadError(
             f"unknown reward(s) {unknown}: this service serves {sorted(known or [])}. Fix `reward_fn`, or enable "
             "the reward in the service's rewards.toml."
         )
-    return rewards
+    return rewards, frames
+
+
+def _frame_options(name: str, value: Mapping[str, Any]) -> dict[str, Any]:
+    """The video frame options of one `reward_fn` object (see `_rewards`), checked."""
+    extra = sorted(set(value) - {"weight", *FRAME_OPTIONS})
+    if extra:
+        raise PayloadError(
+            f"`reward_fn[{name!r}]` has unknown keys {extra}; allowed: weight, {', '.join(FRAME_OPTIONS)}."
+        )
+    options = {key: value[key] for key in FRAME_OPTIONS if key in value}
+    stride = options.get("video_frame_stride", 1)
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= MAX_NDIM_DIM:
+        raise PayloadError(
+            f"`reward_fn[{name!r}].video_frame_stride` must be an integer >= 1, got {stride!r}."
+        )
+    reduction = options.get("video_frame_reduction", "mean")
+    if reduction not in VIDEO_REDUCTIONS:
+        raise PayloadError(
+            f"`reward_fn[{name!r}].video_frame_reduction` must be one of {list(VIDEO_REDUCTIONS)}, got {reduction!r}."
+        )
+    return options
 
 
 def _prompts(data: Mapping[str, Any], count: int) -> list[str]:

@@ -55,12 +55,15 @@ def _import_file(path: Path, where: str) -> None:
         raise
 
 
-def build_rewards(config: ServiceConfig, load: bool) -> dict[str, Reward]:
-    """One Reward per enabled `[[reward_args]]` entry; `load` also loads its model on the entry's device."""
+def build_rewards(
+    config: ServiceConfig, load: bool, names: list[str] | None = None, device: str = ""
+) -> dict[str, Reward]:
+    """One Reward per enabled `[[reward_args]]` entry (only `names`, when given); `load` also loads its model on
+    `device`, or on the entry's own device when `device` is empty."""
     import_plugins(config)
     rewards: dict[str, Reward] = {}
     for i, entry in enumerate(config.reward_args):
-        if not entry.enable:
+        if not entry.enable or (names is not None and entry.reward_type not in names):
             continue
         where = f"{config.source}: `reward_args[{i}]` (reward_type = {entry.reward_type!r})"
         try:
@@ -68,7 +71,7 @@ def build_rewards(config: ServiceConfig, load: bool) -> dict[str, Reward]:
         except UserError as exc:
             raise type(exc)(f"{where}: {exc}") from exc
         if load:
-            _load(reward, entry.device, where)
+            _load(reward, device or entry.device, where)
         rewards[entry.reward_type] = reward
     return rewards
 

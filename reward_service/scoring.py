@@ -3,13 +3,16 @@
 Tasks of one reward taken together are scored in as few calls as possible: images of equal size are
 concatenated into one `reward.score(images [N, 3, H, W] in [0, 1], prompts [N], metadata [N])` call. When a
 batched call raises, each task is scored alone, so one bad request (e.g. metadata the reward rejects) fails
-only itself. Videos `[B, 3, T, H, W]` are scored frame by frame with the image reward and each video gets the
-mean over its T frames of every key (NaN when any frame is NaN).
+only itself. Videos `[B, 3, T, H, W]` are scored frame-wise as `sanarl.rewards.video.score_video` does (same
+helpers, so the same numbers): every `stride`-th frame is scored with the image reward (each frame with its
+clip's prompt and metadata), and each clip's frame scores are reduced by `reduction` (mean | min | max |
+median; NaN when a frame is NaN). Frames of several tasks still share one scoring call.
 
 Result JSON (Cosmos-RL's, plus sanarl fields):
     {"scores": {key: [B floats, null for NaN]}, "input_info": {"shape", "dtype", "min", "max", "media_type"},
      "duration": seconds of the scoring call, "decoded_duration": 0.0, "type": reward name,
-     "default_key": the reward's default key, "batch": {"tasks", "images"} of the call, "attempts": n}
+     "default_key": the reward's default key, "batch": {"tasks", "images"} of the call, "attempts": n,
+     videos only: "frames": {"stride", "reduction", "scored"} (frames scored per clip)}
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from sanarl.errors import UserError
 from sanarl.rewards.base import Reward
+from sanarl.rewards.video import frames_as_images, reduce_frames
 
 log = logging.getLogger("reward_service.scoring")
 
@@ -37,12 +41,15 @@ class Task:
     header: the stored request header (`prompts`, `metadata`, `media_type`, `shape`, `rewards`).
     array: uint8 `[B, H, W, 3]` images or `[B, 3, T, H, W]` videos.
     attempts: how many times a worker died holding this task before.
+    stride, reduction: videos only: score every `stride`-th frame, reduce per clip by `reduction`.
     """
 
     item: str
     header: dict[str, Any]
     array: np.ndarray
     attempts: int = 0
+    stride: int = 1
+    reduction: str = "mean"
 
 
 @dataclass
@@ -54,14 +61,14 @@ class Outcome:
 
 
 def frames_of(task: Task) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
-    """Float frames `[N, 3, H, W]` in [0, 1] with their prompts and metadata (N = B, or B * T for videos)."""
+    """Float frames `[N, 3, H, W]` in [0, 1] with their prompts and metadata (N = B, or B * T' for videos, T' =
+    ceil(T / stride) frames per clip, clip-major)."""
     array, header = task.array, task.header
     prompts, meta = header["prompts"], header["metadata"]
     if header["media_type"] == "video":
-        b, c, t, h, w = array.shape
-        pixels = torch.from_numpy(array).permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        prompts = [p for p in prompts for _ in range(t)]
-        meta = [m for m in meta for _ in range(t)]
+        pixels, per_clip = frames_as_images(torch.from_numpy(array), task.stride)
+        prompts = [p for p in prompts for _ in range(per_clip)]
+        meta = [m for m in meta for _ in range(per_clip)]
     else:
         pixels = torch.from_numpy(array).permute(0, 3, 1, 2)
     return pixels.float().div_(255.0), list(prompts), list(meta)
@@ -122,8 +129,8 @@ def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
         values = {key: value[offset : offset + n] for key, value in scores.items()}
         offset += n
         if task.header["media_type"] == "video":
-            frames = task.array.shape[2]
-            values = {key: value.reshape(-1, frames).mean(dim=1) for key, value in values.items()}
+            clips = task.array.shape[0]
+            values = {key: reduce_frames(value, clips, task.reduction) for key, value in values.items()}
         outcomes[task.item] = Outcome(result=_result(reward, task, values, duration, batch))
     return outcomes
 
@@ -132,7 +139,7 @@ def _result(
     reward: Reward, task: Task, values: dict[str, torch.Tensor], duration: float, batch: dict[str, int]
 ) -> dict[str, Any]:
     array = task.array
-    return {
+    result: dict[str, Any] = {
         "scores": {key: [_number(v) for v in value.tolist()] for key, value in values.items()},
         "input_info": {
             "shape": list(array.shape),
@@ -148,6 +155,10 @@ def _result(
         "batch": batch,
         "attempts": task.attempts + 1,
     }
+    if task.header["media_type"] == "video":
+        scored = len(range(0, array.shape[2], task.stride))
+        result["frames"] = {"stride": task.stride, "reduction": task.reduction, "scored": scored}
+    return result
 
 
 def _number(value: float) -> float | None:

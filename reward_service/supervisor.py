@@ -1,6 +1,8 @@
 """Keeps the service's child processes alive: worker processes and the embedded redis-server.
 
-A thread checks every `TICK_S`: a worker that exited is restarted (at most `workers.restart_limit` times a
+Workers: `workers.count` general ones (hosting the enabled rewards no `[[worker_groups]]` entry takes; none when
+every reward is grouped) and `count` per group (`python -m reward_service.worker --group <index>`).
+A thread checks every `TICK_S`: a worker that exited is restarted (into the same group) (at most `workers.restart_limit` times a
 minute; past that the service keeps running and /health reports the missing workers), a dead embedded
 redis-server is restarted on the same port and data directory (the append-only file brings the queue back),
 and workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
@@ -31,30 +33,41 @@ TICK_S = 0.5
 STOP_TIMEOUT_S = 10.0
 
 
+def worker_slots(config: ServiceConfig) -> list[str]:
+    """The `--group` of every worker process to start: "general" x workers.count (when a reward is left for
+    them), then each group's index x its count."""
+    slots = ["general"] * config.workers.count if config.general_rewards() else []
+    for index, group in enumerate(config.worker_groups):
+        slots += [str(index)] * group.count
+    return slots
+
+
 class Supervisor:
-    """Starts `config.workers.count` workers for the Redis at `redis_url` and watches them."""
+    """Starts the worker processes of `worker_slots(config)` for the Redis at `redis_url` and watches them."""
 
     def __init__(
         self, config_path: str | Path, config: ServiceConfig, redis_url: str, embedded: EmbeddedRedis | None
     ) -> None:
         self.config_path = str(Path(config_path).resolve())
         self.config, self.redis_url, self.embedded = config, redis_url, embedded
+        self.slots = worker_slots(config)
         self.workers: list[subprocess.Popen] = []
         self.restarts: deque[float] = deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
-    def _spawn(self) -> subprocess.Popen:
+    def _spawn(self, group: str) -> subprocess.Popen:
         command = [
             sys.executable, "-m", "reward_service.worker",
             "--config", self.config_path,
             "--parent", str(os.getpid()),
+            "--group", group,
         ]  # fmt: skip
         env = {**os.environ, REDIS_URL_ENV: self.redis_url}  # not on argv: a URL may hold a password
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
 
     def start(self) -> Supervisor:
-        self.workers = [self._spawn() for _ in range(self.config.workers.count)]
+        self.workers = [self._spawn(group) for group in self.slots]
         self._thread.start()
         return self
 
@@ -93,7 +106,7 @@ class Supervisor:
                 continue
             log.error("worker pid %d exited with code %s; starting a new one", process.pid, code)
             self.restarts.append(now)
-            self.workers[i] = self._spawn()
+            self.workers[i] = self._spawn(self.slots[i])
 
     def stop(self) -> None:
         """Stop the watch thread and the workers (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""

@@ -1,17 +1,20 @@
 """A reward worker process: takes tasks from Redis, scores them in batches, writes results with a TTL.
 
-    python -m reward_service.worker --config rewards.toml --redis-url redis://127.0.0.1:6379/0
+    python -m reward_service.worker --config rewards.toml --redis-url redis://127.0.0.1:6379/0 [--group G]
 
-`sanarl-reward` starts `workers.count` of these; more can run on other machines against the same Redis.
+`sanarl-reward` starts `workers.count` general workers (`--group general`: the enabled rewards no
+`[[worker_groups]]` entry takes) and `count` workers per group (`--group <index>`: that group's rewards on its
+device); more can run on other machines against the same Redis (default `--group all`: every enabled reward).
 
 Reliability (at-least-once, no task lost): a task is claimed by moving its queue item into this worker's
 processing list in one Lua step; a heartbeat thread refreshes `hb:<worker>` every third of the visibility
 timeout. A worker that dies (kill -9, OOM, machine loss) stops beating; after the visibility timeout any worker
 or the supervisor of any instance moves its items back to their queues (lua.REAP). Results are written once.
 
-Loop: claim every hosted reward's queued tasks (up to `workers.batch_images` images per reward), score them,
-finish them; when nothing is queued, block on the rewards' wake lists (BLPOP) for at most a second, then reap
-dead workers if it is time to.
+Loop: claim every hosted reward's queued tasks (up to `workers.batch_images` images per reward; the claim script
+also returns the tasks' headers and pixels, one round trip), score them, finish them; when nothing is queued,
+block on the rewards' wake lists (BLPOP, woken by every enqueue) for at most a second, then reap dead workers
+if it is time to. A claim never waits to fill a batch: tasks queued while a batch is scored form the next one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from reward_service.keys import WAKE_CAP, Keys, split_item
 from reward_service.lua import Scripts
 from reward_service.protocol import decode_array
 from reward_service.scoring import Outcome, Task, score_tasks
-from sanarl.errors import UserError
+from sanarl.errors import ConfigError, UserError
 
 log = logging.getLogger("reward_service.worker")
 
@@ -74,12 +77,26 @@ def reap_dead_workers(client: redis.Redis, keys: Keys, config: ServiceConfig, sc
 
 
 class Worker:
-    """Scores the tasks of `rewards` ({name: Reward}, models loaded) from the Redis behind `client`."""
+    """Scores the tasks of `rewards` ({name: Reward}, models loaded) from the Redis behind `client`, at most
+    `batch_images` images per scoring call (0 = `workers.batch_images`)."""
 
     def __init__(
-        self, config: ServiceConfig, rewards: dict[str, Any], client: redis.Redis, parent: int = 0
+        self,
+        config: ServiceConfig,
+        rewards: dict[str, Any],
+        client: redis.Redis,
+        parent: int = 0,
+        batch_images: int = 0,
     ) -> None:
         self.config, self.rewards, self.client, self.parent = config, rewards, client, parent
+        self.batch_images = batch_images or config.workers.batch_images
+        self.frames = {
+            name: (
+                config.reward_entry(name).video_frame_stride,
+                config.reward_entry(name).video_frame_reduction,
+            )
+            for name in rewards
+        }
         self.keys = Keys(config.redis_prefix)
         self.scripts = Scripts.register(client)
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuidlib.uuid4().hex[:6]}"
@@ -170,7 +187,7 @@ class Worker:
         for name, items in held.items():
             if name in self.rewards:
                 log.info("worker %s recovers %d held task(s) of %s", self.id, len(items), name)
-                self.process(name, items)
+                self.process(name, *self._load(name, items))
 
     def _maybe_reap(self) -> None:
         if time.monotonic() >= self._next_reap:
@@ -181,18 +198,18 @@ class Worker:
         """Claim and score what is queued for each hosted reward; True when anything was claimed."""
         worked = False
         for name in self.rewards:
-            items = self.scripts.claim(
+            out = self.scripts.claim(
                 keys=[self.keys.queue(name), self.keys.proc(self.id)],
-                args=[self.config.workers.batch_images, MAX_CLAIM],
+                args=[self.batch_images, MAX_CLAIM, self.keys.prefix, name],
             )
-            if items:
+            if out:
                 worked = True
-                self.process(name, [item.decode() for item in items])
+                self.process(name, float(out[0]), [_row(raw) for raw in out[1:]])
         return worked
 
-    def process(self, name: str, items: list[str]) -> None:
-        """Load the claimed tasks, score the live ones, finish every one."""
-        tasks, finished = self._load(name, items)
+    def process(self, name: str, now: float, rows: list[tuple]) -> None:
+        """Score the live tasks of `rows` (as `_load` returns them), then finish every one."""
+        tasks, finished = self._tasks(name, now, rows)
         if tasks:
             finished.update(score_tasks(self.rewards[name], tasks))
         pipe = self.client.pipeline(transaction=False)
@@ -200,9 +217,9 @@ class Worker:
             self._finish(pipe, name, item, outcome)
         pipe.execute()
 
-    def _load(self, name: str, items: list[str]) -> tuple[list[Task], dict[str, Outcome | None]]:
-        """Tasks to score, and the items settled without scoring: None = drop (finished elsewhere, or the request
-        expired), else the failure (deadline passed, pixels unreadable)."""
+    def _load(self, name: str, items: list[str]) -> tuple[float, list[tuple]]:
+        """Redis time and one row `(item, header, created, attempts, npy, done)` per held item (None where a
+        key is gone), as the claim script returns them."""
         pipe = self.client.pipeline(transaction=False)
         for item in items:
             _, task_uuid, _ = split_item(item)
@@ -212,12 +229,21 @@ class Worker:
         pipe.time()
         out = pipe.execute()
         sec, usec = out[-1]
-        now = sec + usec / 1e6
+        rows = []
+        for i, item in enumerate(items):
+            (header, created, attempts), blob, done = out[3 * i : 3 * i + 3]
+            rows.append((item, header, created, attempts, blob, done))
+        return sec + usec / 1e6, rows
+
+    def _tasks(
+        self, name: str, now: float, rows: list[tuple]
+    ) -> tuple[list[Task], dict[str, Outcome | None]]:
+        """Tasks to score, and the items settled without scoring: None = drop (finished elsewhere, or the request
+        expired), else the failure (deadline passed, pixels unreadable)."""
         tasks: list[Task] = []
         settled: dict[str, Outcome | None] = {}
         deadline = self.config.limits.task_deadline_s
-        for i, item in enumerate(items):
-            (header, created, attempts), blob, done = out[3 * i : 3 * i + 3]
+        for item, header, created, attempts, blob, done in rows:
             if done or header is None or blob is None:
                 settled[item] = None
             elif now - float(created) > deadline:
@@ -233,7 +259,11 @@ class Worker:
                 except ValueError as exc:
                     settled[item] = Outcome(error=f"reward {name!r}: stored pixels unreadable: {exc}")
                     continue
-                tasks.append(Task(item, header, array, int(attempts or 0)))
+                stride, reduction = self.frames[name]
+                frames = header.get("frames", {}).get(name, {})
+                stride = frames.get("video_frame_stride", stride)
+                reduction = frames.get("video_frame_reduction", reduction)
+                tasks.append(Task(item, header, array, int(attempts or 0), stride, reduction))
         return tasks, settled
 
     def _finish(self, pipe: Any, name: str, item: str, outcome: Outcome | None) -> None:
@@ -270,6 +300,35 @@ class Worker:
         )
 
 
+def _row(raw: list) -> tuple:
+    """A claim script row with the item decoded (the other fields stay bytes / None)."""
+    item, header, created, attempts, blob, done = raw
+    return item.decode(), header, created, attempts, blob, int(done)
+
+
+def _hosted(config: ServiceConfig, group: str) -> tuple[list[str], str, int]:
+    """(reward names, device override, batch_images override) of `--group` all | general | <index>."""
+    if group == "all":
+        return [e.reward_type for e in config.enabled_rewards()], "", 0
+    if group == "general":
+        return config.general_rewards(), "", 0
+    if not group.isdigit() or int(group) >= len(config.worker_groups):
+        raise ConfigError(
+            f"--group {group!r}: use all, general, or an index of the {len(config.worker_groups)} "
+            f"[[worker_groups]] entries of {config.source}."
+        )
+    entry = config.worker_groups[int(group)]
+    return list(entry.rewards), entry.device, entry.batch_images
+
+
+def _check_hosted(names: list[str], group: str, source: str) -> None:
+    if not names:
+        raise ConfigError(
+            f"--group {group}: every enabled reward of {source} belongs to a [[worker_groups]] entry, so a general "
+            "worker has nothing to host; start a group's worker (--group <index>) instead."
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Worker entry point (started by `sanarl-reward`; can also run by hand on another machine)."""
     parser = argparse.ArgumentParser(
@@ -283,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--parent", type=int, default=0, help="exit when this parent pid is gone (set by the service)"
+    )
+    parser.add_argument(
+        "--group",
+        default="all",
+        help="rewards to host: all (default), general (those in no [[worker_groups]]), or a group index",
     )
     args = parser.parse_args(argv)
     if not args.redis_url:
@@ -299,11 +363,14 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(config.workers.torch_threads)
         from reward_service.rewards_setup import build_rewards
 
-        rewards = build_rewards(config, load=True)
+        names, device, batch_images = _hosted(config, args.group)
+        _check_hosted(names, args.group, config.source)
+        rewards = build_rewards(config, load=True, names=names, device=device)
     except UserError as exc:
         sys.stderr.write(f"reward worker {os.getpid()}: error: {exc}\n")
         sys.exit(BAD_CONFIG_EXIT)
-    worker = Worker(config, rewards, redis.Redis.from_url(args.redis_url, socket_timeout=30), args.parent)
+    client = redis.Redis.from_url(args.redis_url, socket_timeout=30)
+    worker = Worker(config, rewards, client, args.parent, batch_images)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop.set())
     worker.register()

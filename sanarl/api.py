@@ -58,7 +58,8 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
     run_dir = check_writable(cfg.train.output_dir)
     torch.manual_seed(cfg.train.seed)
-    adapter = load_adapter(cfg.policy, acc.device)
+    with acc.main_process_first():  # rank 0 builds / downloads into the shared cache first
+        adapter = load_adapter(cfg.policy, acc.device)
     task = cls(cfg, adapter, plugin, rank=acc.process_index, world=acc.num_processes)
     task.setup_model()
     plan = cls.describe(cfg, len(task.train_dataset), acc.num_processes)

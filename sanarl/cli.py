@@ -199,10 +199,13 @@ def _check_reward_names(cfg) -> None:
     from sanarl.rewards.registry import build_reward, known_rewards
 
     for fn in cfg.train.train_policy.remote_reward.reward_fns:
-        if fn.name not in known_rewards() or fn.options:
-            build_reward(
-                fn.name, **fn.options
-            )  # ConfigError: unknown name (listing the known) or bad options
+        if (
+            fn.name not in known_rewards() or fn.options
+        ):  # ConfigError: unknown name (listing the known) or options
+            build_reward(fn.name, **fn.options)
+    for name in cfg.validation.held_out_rewards:
+        if name not in known_rewards():
+            build_reward(name)
 
 
 @tools.command()

@@ -311,6 +311,9 @@ class ValidationConfig:
     batch_size: int = 8
     num_samples: int = 16
     """Images per validation round (saved as a grid)."""
+    held_out_rewards: list[str] = field(default_factory=list)
+    """Reward-hacking guard: rewards scored on the validation samples every `freq` steps and logged as
+    `heldout/<reward>/<key>` (pick rewards the run does not train on; their metadata must come with the prompts)."""
     dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(split="test"))
 
 

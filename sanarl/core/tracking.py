@@ -73,6 +73,31 @@ class MetricsLogger:
 
             self._tb.add_image(key, np.asarray(Image.open(path).convert("RGB")), step, dataformats="HWC")
 
+    def log_video(self, step: int, key: str, path: Path, fps: int = 8) -> None:
+        """Send a saved mp4 (video sample grid) to wandb as a video; tensorboard gets its frames as a video too."""
+        if not self.enabled:
+            return
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({key: wandb.Video(str(path), fps=fps, format="mp4")}, step=step)
+        if self._tb is not None:
+            import torch
+
+            from sanarl.core.media import read_video
+
+            frames = (
+                torch.from_numpy(read_video(path)).permute(0, 3, 1, 2).unsqueeze(0)
+            )  # [1, T, 3, H, W] uint8
+            self._tb.add_video(key, frames, step, fps=fps)
+
+    def log_media(self, step: int, key: str, path: Path) -> None:
+        """`log_video` for an .mp4 file, `log_image` otherwise."""
+        if Path(path).suffix.lower() == ".mp4":
+            self.log_video(step, key, path)
+        else:
+            self.log_image(step, key, path)
+
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()

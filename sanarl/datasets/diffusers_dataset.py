@@ -24,7 +24,14 @@ Rules:
   `policy.diffusers.inference_size` (resize to cover, then center crop; random crop is a constructor flag).
 - When `train.train_policy.type` is "grpo" the folder is a prompt set: items are `{"prompt": str, "metadata": {}}`,
   every `<stem>.json` is used and images are neither required nor opened.
-- Video folders (`policy.diffusers.is_video`) are not supported yet.
+- Video folders (`policy.diffusers.is_video = true`): `<stem>.json` beside `<stem>.mp4` (also `.mov`, `.webm`,
+  `.mkv`), decoded with PyAV (`pip install av`). Each item is a contiguous window of `policy.diffusers.train_frames`
+  frames, every frame resized to cover [H, W] and center-cropped: `{"prompt": str, "video": FloatTensor[3, T, H, W]
+  in [0, 1]}`. The window start is uniform over the valid starts but a pure function of (`train.seed`, item index),
+  so resumed runs see exactly the same clips (an item shows the same window in every epoch). At construction every
+  video's frame count is probed (header only where the container states it): unreadable files and videos shorter
+  than the window are skipped, counted in `skipped` ("unreadable_at_init", "too_short") and reported in one
+  warning each; a video that fails to decode later is skipped like a broken image.
 """
 
 from __future__ import annotations
@@ -35,10 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
 from sanarl.config.schema import Config
+from sanarl.core import media
 from sanarl.datasets import common
 from sanarl.errors import DataError
 
@@ -53,9 +63,13 @@ PREVIEW = 5
 collate = common.collate
 
 
+VIDEO_SUFFIXES: frozenset[str] = frozenset({".mp4", ".mov", ".webm", ".mkv"})
+"""Video file suffixes paired with prompts in video mode (compared lower-cased)."""
+
+
 @dataclass(frozen=True)
 class Sample:
-    """One dataset entry: its stem, its prompt and (SFT) its image file."""
+    """One dataset entry: its stem, its prompt and (SFT) its image file (its video file in video mode)."""
 
     stem: str
     prompt: str
@@ -92,8 +106,11 @@ def resolve_dir(local_dir: str, key: str) -> Path:
     return path
 
 
-def scan_dir(directory: Path) -> tuple[dict[str, Path], dict[str, Path]]:
-    """Map stem -> file for the `.json` files and the image files directly inside `directory`.
+def scan_dir(
+    directory: Path, suffixes: frozenset[str] = common.IMAGE_SUFFIXES
+) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Map stem -> file for the `.json` files and the media files (`suffixes`: images, or VIDEO_SUFFIXES) directly
+    inside `directory`.
 
     Raises:
         DataError: when two files of the same kind share a stem (e.g. `a.jpg` and `a.png`).
@@ -101,7 +118,7 @@ def scan_dir(directory: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     found: dict[str, dict[str, list[Path]]] = {"json": {}, "image": {}}
     for path in directory.iterdir():
         suffix = path.suffix.lower()
-        kind = "json" if suffix == ".json" else "image" if suffix in common.IMAGE_SUFFIXES else None
+        kind = "json" if suffix == ".json" else "image" if suffix in suffixes else None
         if kind is None or path.name.startswith(".") or not path.is_file():
             continue
         found[kind].setdefault(path.stem, []).append(path)
@@ -203,6 +220,77 @@ def drop_unreadable(samples: list[Sample], directory: Path, key: str) -> list[Sa
     return kept
 
 
+def drop_unusable_videos(
+    samples: list[Sample], frames: int, directory: Path, key: str
+) -> tuple[list[Sample], dict[str, int]]:
+    """Keep the samples whose video opens and has at least `frames` frames; one warning per kind of skip.
+
+    Returns (kept, counts {"unreadable_at_init", "too_short"}).
+    Raises:
+        DataError: when no video is usable (the message says how many were short and how many unreadable).
+    """
+    kept, bad, short = [], [], []
+    for sample in samples:
+        try:
+            count = media.probe_frames(sample.image)
+        except ImportError as exc:
+            raise DataError(f"`{key}`: reading videos needs PyAV: {exc}") from None
+        except Exception:  # PyAV raises many types (InvalidDataError, IndexError, ...) for broken files
+            bad.append(sample.image.name)
+            continue
+        (kept if count >= frames else short).append(
+            sample if count >= frames else f"{sample.image.name} ({count})"
+        )
+    if bad:
+        log.warning(
+            "diffusers_dataset %s: skipped %d unreadable video(s) (%s)", directory, len(bad), _preview(bad)
+        )
+    if short:
+        log.warning(
+            "diffusers_dataset %s: skipped %d video(s) shorter than train_frames = %d (%s)",
+            directory,
+            len(short),
+            frames,
+            _preview(short),
+        )
+    if not kept:
+        raise DataError(
+            f"`{key}` = {str(directory)!r}: none of the {len(samples)} paired videos is usable ({len(bad)} unreadable, "
+            f"{len(short)} shorter than `policy.diffusers.train_frames` = {frames}). Lower train_frames or add "
+            "longer videos (re-encode broken ones as H.264 mp4)."
+        )
+    return kept, {"unreadable_at_init": len(bad), "too_short": len(short)}
+
+
+def window_start(total: int, frames: int, seed: int, index: int) -> int:
+    """Start of the `frames`-long window of item `index` in a video of `total` frames: uniform over the
+    total - frames + 1 valid starts, a pure function of (seed, index)."""
+    return int(np.random.default_rng([seed, index]).integers(total - frames + 1))
+
+
+def load_clip(path: Path, size: tuple[int, int], frames: int, seed: int, index: int) -> torch.Tensor:
+    """A window of `frames` frames of a video as a float32 tensor [3, T, H, W] in [0, 1], each frame resized to cover
+    `size` and center-cropped.
+
+    Raises:
+        DataError: naming the file when it cannot be decoded or has fewer frames than asked.
+    """
+    try:
+        total = media.probe_frames(path)
+        start = window_start(total, frames, seed, index) if total >= frames else 0
+        clip = media.read_video(path, start, frames)
+    except Exception as exc:
+        raise DataError(
+            f"Cannot decode video file {str(path)!r}: {exc}. Re-encode it (H.264 mp4) or delete it with its .json."
+        ) from exc
+    if clip.shape[0] < frames:
+        raise DataError(
+            f"video file {str(path)!r} has {clip.shape[0]} frames, fewer than the {frames} asked for."
+        )
+    tensors = [common.pil_to_tensor(common.resize_and_crop(Image.fromarray(f), size)) for f in clip]
+    return torch.stack(tensors, dim=1)
+
+
 class DiffusersFolderDataset(Dataset):
     """Prompt + image pairs (SFT) or prompts only (RL) from a Cosmos-RL-style folder.
 
@@ -210,13 +298,16 @@ class DiffusersFolderDataset(Dataset):
         local_dir: the folder (absolute or relative to the current directory).
         size: [H, W] of the returned images.
         prompts_only: RL mode: use every `<stem>.json`, return `{"prompt", "metadata": {}}`, never open images.
-        random_crop: crop at a uniformly random offset (torch's global RNG) instead of the center.
+        random_crop: crop at a uniformly random offset (torch's global RNG) instead of the center (images).
         key: config key named in error messages.
+        frames: video mode: pair `<stem>.json` with `<stem>.mp4` and return windows of this many frames.
+        seed: video mode: the window starts are a pure function of (seed, item index).
 
     Attributes:
         samples: the entries in stem order.
         skipped: counts of files left out: "json_without_image", "image_without_json", "unreadable_at_init",
-            "unreadable_at_load" (the last grows as `__getitem__` meets undecodable files; per worker process).
+            "unreadable_at_load" (the last grows as `__getitem__` meets undecodable files; per worker process), and
+            in video mode "too_short".
     """
 
     def __init__(
@@ -227,12 +318,15 @@ class DiffusersFolderDataset(Dataset):
         prompts_only: bool = False,
         random_crop: bool = False,
         key: str = TRAIN_KEY,
+        frames: int | None = None,
+        seed: int = 0,
     ) -> None:
         self.directory = resolve_dir(local_dir, key)
         self.size = common.check_size(size)
         self.prompts_only = prompts_only
         self.random_crop = random_crop
-        jsons, images = scan_dir(self.directory)
+        self.frames, self.seed = frames, seed
+        jsons, images = scan_dir(self.directory, common.IMAGE_SUFFIXES if frames is None else VIDEO_SUFFIXES)
         self.skipped: dict[str, int] = {"unreadable_at_load": 0}
         if prompts_only:
             self.samples = self._prompt_samples(jsons, images, key)
@@ -253,16 +347,26 @@ class DiffusersFolderDataset(Dataset):
     def _paired_samples(self, jsons: dict[str, Path], images: dict[str, Path], key: str) -> list[Sample]:
         """The readable json + image pairs, in stem order (SFT mode); fills `skipped`."""
         stems = pair_stems(jsons, images, self.directory, key)
-        samples = drop_unreadable(
-            [Sample(s, read_prompt(jsons[s]), images[s]) for s in stems], self.directory, key
-        )
+        paired = [Sample(s, read_prompt(jsons[s]), images[s]) for s in stems]
         self.skipped["json_without_image"] = len(jsons.keys() - images.keys())
         self.skipped["image_without_json"] = len(images.keys() - jsons.keys())
+        if self.frames is not None:
+            samples, counts = drop_unusable_videos(paired, self.frames, self.directory, key)
+            self.skipped.update(counts)
+            return samples
+        samples = drop_unreadable(paired, self.directory, key)
         self.skipped["unreadable_at_init"] = len(stems) - len(samples)
         return samples
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def _load(self, i: int) -> dict[str, torch.Tensor]:
+        """The media of entry i: `{"image": [3, H, W]}` or `{"video": [3, T, H, W]}` (DataError when undecodable)."""
+        path = self.samples[i].image
+        if self.frames is not None:
+            return {"video": load_clip(path, self.size, self.frames, self.seed, i)}
+        return {"image": common.load_image(path, self.size, self.random_crop)}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """`{"prompt": str, "image": FloatTensor[3, H, W] in [0, 1]}`, or `{"prompt": str, "metadata": {}}` (RL).
@@ -279,42 +383,40 @@ class DiffusersFolderDataset(Dataset):
             if i in self._bad:
                 continue
             try:
-                image = common.load_image(self.samples[i].image, self.size, self.random_crop)
+                item = self._load(i)
             except DataError as exc:
                 self._bad.add(i)
                 self.skipped["unreadable_at_load"] += 1
-                log.warning("diffusers_dataset: skipping unreadable image: %s", exc)
+                log.warning("diffusers_dataset: skipping unreadable file: %s", exc)
                 continue
-            return {"prompt": self.samples[i].prompt, "image": image}
+            return {"prompt": self.samples[i].prompt, **item}
         raise DataError(
-            f"{str(self.directory)!r}: every image failed to decode while loading ({len(self._bad)} of {n}). "
-            "Re-export the images as JPEG/PNG/WebP."
+            f"{str(self.directory)!r}: every {'image' if self.frames is None else 'video'} failed to decode while "
+            f"loading ({len(self._bad)} of {n}). Re-export the "
+            + ("images as JPEG/PNG/WebP." if self.frames is None else "videos as H.264 mp4.")
         )
 
 
-def _check_image_mode(config: Config) -> None:
-    """Reject video configs: this plugin reads image folders only (for now)."""
-    if config.policy.diffusers.is_video:
-        raise DataError(
-            f"`{VIDEO_KEY}` is true, but sanarl.datasets.diffusers_dataset reads image folders only: video folders "
-            "(<stem>.mp4 beside <stem>.json) arrive with the SANA-Video support (mp4 decoding). Set "
-            f"`{VIDEO_KEY} = false` with an image model, or use a plugin that returns video items."
-        )
+def _frames(config: Config) -> int | None:
+    """`policy.diffusers.train_frames` in video mode (`policy.diffusers.is_video`), else None (image folders)."""
+    return config.policy.diffusers.train_frames if config.policy.diffusers.is_video else None
 
 
 def get_dataset(config: Config, random_crop: bool = False) -> DiffusersFolderDataset:
     """Training dataset from `train.train_policy.dataset.local_dir` (see the module docstring for the layout).
 
-    SFT items: `{"prompt": str, "image": FloatTensor[3, H, W] in [0, 1]}`, [H, W] = policy.diffusers.inference_size.
+    SFT items: `{"prompt": str, "image": FloatTensor[3, H, W] in [0, 1]}`, [H, W] = policy.diffusers.inference_size
+    (video mode: `{"prompt": str, "video": FloatTensor[3, T, H, W]}`, T = policy.diffusers.train_frames).
     RL (`train.train_policy.type = "grpo"`) items: `{"prompt": str, "metadata": {}}`.
     """
-    _check_image_mode(config)
     return DiffusersFolderDataset(
         config.train.train_policy.dataset.local_dir,
         config.policy.diffusers.inference_size,
         prompts_only=config.train.train_policy.type == "grpo",
         random_crop=random_crop,
         key=TRAIN_KEY,
+        frames=_frames(config),
+        seed=config.train.seed,
     )
 
 
@@ -323,10 +425,11 @@ def get_val_dataset(config: Config) -> DiffusersFolderDataset | None:
     local_dir = config.validation.dataset.local_dir
     if not local_dir.strip():
         return None
-    _check_image_mode(config)
     return DiffusersFolderDataset(
         local_dir,
         config.policy.diffusers.inference_size,
         prompts_only=config.train.train_policy.type == "grpo",
         key=VAL_KEY,
+        frames=_frames(config),
+        seed=config.train.seed,
     )

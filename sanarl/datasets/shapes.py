@@ -12,7 +12,10 @@ Config keys read:
 - `train.train_policy.type`: "sft" -> items `{"prompt": str, "image": FloatTensor[3, H, W] in [0, 1],
   "metadata": dict}`; anything else (RL) -> items `{"prompt": str, "metadata": dict}`;
 - `validation.dataset.split` (default "test") and `validation.num_samples` for `get_val_dataset`
-  (items `{"prompt", "metadata"}`).
+  (items `{"prompt", "metadata"}`);
+- `policy.diffusers.is_video`: true -> the moving-shapes world of `sanarl.datasets.shapes_video` (SFT items
+  `{"prompt", "video": FloatTensor[3, T, H, W], "metadata"}` with T = `policy.diffusers.train_frames`, a square
+  side that is a multiple of 8 and >= 16; docs/video.md).
 `dataset.name`, `subset` and `local_dir` are not used. Metadata rows are in GenEval's JSONL format, so the `shapes`
 reward (`shapes_world.judge_batch`) and GenEval-style scorers read them directly.
 """
@@ -25,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from sanarl.config.schema import Config
+from sanarl.datasets import shapes_video
 from sanarl.datasets import shapes_world as world
 from sanarl.datasets.common import collate as _default_collate
 from sanarl.errors import DataError
@@ -99,14 +103,17 @@ def _length(size: int | None, split: str, key: str) -> int:
     return size
 
 
-def get_dataset(config: Config) -> ShapesDataset:
-    """Training dataset: SFT items with rendered images, or RL items (prompt + metadata) for other task types.
+def get_dataset(config: Config) -> Dataset:
+    """Training dataset: SFT items with rendered images, or RL items (prompt + metadata) for other task types;
+    with `policy.diffusers.is_video` the moving-shapes clips of `sanarl.datasets.shapes_video`.
 
     Raises:
         DataError: bad split name, item count or image size (the message names the key).
     """
     ds = config.train.train_policy.dataset
     split = world.canonical_split(ds.split, SPLIT_KEY)
+    if config.policy.diffusers.is_video:
+        return shapes_video.get_video_dataset(config, _length(ds.size, split, COUNT_KEY))
     side = image_side(config)
     is_sft = config.train.train_policy.type == "sft"
     return ShapesDataset(
@@ -114,13 +121,18 @@ def get_dataset(config: Config) -> ShapesDataset:
     )
 
 
-def get_val_dataset(config: Config) -> ShapesDataset:
-    """Validation prompts: `validation.num_samples` items `{"prompt", "metadata"}` of `validation.dataset.split`.
+def get_val_dataset(config: Config) -> Dataset:
+    """Validation prompts: `validation.num_samples` items `{"prompt", "metadata"}` of `validation.dataset.split`
+    (moving-shapes prompts with `policy.diffusers.is_video`).
 
     Raises:
         DataError: bad split name or sample count (the message names the key).
     """
     split = world.canonical_split(config.validation.dataset.split or "test", VAL_SPLIT_KEY)
+    if config.policy.diffusers.is_video:
+        return shapes_video.get_video_val_dataset(
+            config, _length(config.validation.num_samples, split, VAL_COUNT_KEY)
+        )
     return ShapesDataset(
         split, _length(config.validation.num_samples, split, VAL_COUNT_KEY), config.train.seed
     )

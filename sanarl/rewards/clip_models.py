@@ -458,7 +458,24 @@ class ClipEncoder:
 # ---------------------------------------------------------------- the shared reward base
 
 
-class ClipReward(Reward):
+class ModelReward(Reward):
+    """Base of the rewards that hold a model: the shared options, parsed once with errors naming the reward.
+
+    Args:
+        device: where the model runs (None = the device given to `setup`, CPU by default).
+        dtype: float32 | bfloat16 | float16 (scores are returned in float32 either way).
+        batch_size: samples per forward pass.
+    """
+
+    def __init__(self, device: str | torch.device | None, dtype: str | torch.dtype, batch_size: int) -> None:
+        super().__init__()
+        self.dtype = parse_dtype(dtype, self.name)
+        self.batch_size = parse_batch_size(batch_size, self.name)
+        if device is not None:
+            self.device = parse_device(device, self.name)
+
+
+class ClipReward(ModelReward):
     """Base of the CLIP-family rewards: options, lazy local-first loading, one `ClipEncoder` in `self.encoder`.
 
     Args:
@@ -479,13 +496,9 @@ class ClipReward(Reward):
         dtype: str | torch.dtype,
         batch_size: int,
     ) -> None:
-        super().__init__()
+        super().__init__(device, dtype, batch_size)
         self.model_name = str(model)
         self.processor_name = str(processor) if processor else self.model_name
-        self.dtype = parse_dtype(dtype, self.name)
-        self.batch_size = parse_batch_size(batch_size, self.name)
-        if device is not None:
-            self.device = parse_device(device, self.name)
         self.encoder: ClipEncoder | None = None
 
     def _load_encoder(self, also_missing: Sequence[Missing] = ()) -> ClipEncoder:

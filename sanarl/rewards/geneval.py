@@ -32,13 +32,11 @@ import torch
 from sanarl.datasets.geneval_templates import COCO_CLASSES, COLORS
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards import geneval_rules as rules
-from sanarl.rewards.base import Reward, to_uint8_hwc
+from sanarl.rewards.base import to_uint8_hwc
 from sanarl.rewards.clip_models import (
     ClipEncoder,
     Missing,
-    parse_batch_size,
-    parse_device,
-    parse_dtype,
+    ModelReward,
     resolve_dirs,
     reward_ckpts_dir,
 )
@@ -149,7 +147,7 @@ class ColorClassifier:
         return colors
 
 
-class GenEvalReward(Reward):
+class GenEvalReward(ModelReward):
     """GenEval partial / strict credit of each image against its prompt's GenEval metadata (see the module doc).
 
     Args:
@@ -178,7 +176,7 @@ class GenEvalReward(Reward):
         max_size: int = 1333,
         **thresholds: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(device, dtype, batch_size)
         if detector not in DETECTORS:
             raise ConfigError(
                 f"reward 'geneval': option detector={detector!r} is not one of {list(DETECTORS)}."
@@ -192,11 +190,7 @@ class GenEvalReward(Reward):
             ) from None
         self.detector_name, self.detector_path = detector, detector_path
         self.clip_model, self.clip_processor = str(clip_model), str(clip_processor or clip_model)
-        self.dtype = parse_dtype(dtype, self.name)
-        self.batch_size = parse_batch_size(batch_size, self.name)
         self.sizes = {"min_size": int(min_size), "max_size": int(max_size)}
-        if device is not None:
-            self.device = parse_device(device, self.name)
         self.detector: Detector | None = None
         self.colors: ColorClassifier | None = None
 

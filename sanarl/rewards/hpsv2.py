@@ -23,14 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.base import Reward
 from sanarl.rewards.clip_models import (
     ImageTransform,
     Missing,
+    ModelReward,
     missing_weights_error,
-    parse_batch_size,
-    parse_device,
-    parse_dtype,
     reward_ckpts_dir,
 )
 
@@ -100,7 +97,7 @@ def build_model(architecture: str, state: Mapping[str, torch.Tensor], path: Path
     return model.eval().requires_grad_(False)
 
 
-class HPSv2(Reward):
+class HPSv2(ModelReward):
     """HPS v2.1 score of each (image, prompt) pair; see the module doc.
 
     Args:
@@ -123,13 +120,9 @@ class HPSv2(Reward):
         dtype: str = "float32",
         batch_size: int = 32,
     ) -> None:
-        super().__init__()
+        super().__init__(device, dtype, batch_size)
         self.checkpoint = checkpoint
         self.architecture = str(architecture)
-        self.dtype = parse_dtype(dtype, self.name)
-        self.batch_size = parse_batch_size(batch_size, self.name)
-        if device is not None:
-            self.device = parse_device(device, self.name)
         self.model: Any = None
         self.tokenizer: Any = None
         self.transform: ImageTransform | None = None

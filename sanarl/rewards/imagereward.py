@@ -32,14 +32,11 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.base import Reward
 from sanarl.rewards.clip_models import (
     ImageTransform,
     Missing,
+    ModelReward,
     missing_weights_error,
-    parse_batch_size,
-    parse_device,
-    parse_dtype,
     reward_ckpts_dir,
 )
 
@@ -187,7 +184,7 @@ def load_model(directory: Path, tokenizer_dir: Path, device: torch.device) -> An
     return model.to(device).eval().requires_grad_(False)
 
 
-class ImageReward(Reward):
+class ImageReward(ModelReward):
     """ImageReward v1.0 of each (image, prompt) pair; see the module doc.
 
     Args:
@@ -210,13 +207,9 @@ class ImageReward(Reward):
         dtype: str = "float32",
         batch_size: int = 16,
     ) -> None:
-        super().__init__()
+        super().__init__(device, dtype, batch_size)
         self.checkpoint_dir = checkpoint_dir
         self.tokenizer_name = str(tokenizer)
-        self.dtype = parse_dtype(dtype, self.name)
-        self.batch_size = parse_batch_size(batch_size, self.name)
-        if device is not None:
-            self.device = parse_device(device, self.name)
         self.model: Any = None
         self.transform: ImageTransform | None = None
 

@@ -9,7 +9,9 @@ Environment: `REMOTE_REWARD_TOKEN` (bearer token), `REMOTE_REWARD_ENQUEUE_URL` (
 enqueue`), `REMOTE_REWARD_FETCH_URL` (`.../api/reward/pull`), as Cosmos-RL's trainer reads them.
 
 Images `[B, 3, H, W]` in [0, 1] travel as uint8 `round(255 x)` `[B, H, W, 3]` in the Cosmos-RL body (JSON + newline
-+ npy written without pickle), with a fresh `request_id` so that a retried enqueue is not scored twice. Enqueue
++ npy written without pickle), with a fresh `request_id` so that a retried enqueue is not scored twice. Video clips
+`[B, 3, T, H, W]` travel as uint8 `[B, 3, T, H, W]` (media_type "video"); each `reward_fn` value then carries the
+run's `video_frame_stride` / `video_frame_reduction`, so the service scores frames as `score_video` does here. Enqueue
 retries connection errors, 429 and 5xx with exponential backoff (`retries` times); pulls ask the server to wait
 for the result (`wait`, a sanarl extension Cosmos-RL's server ignores) and poll until done or the deadline.
 A failed task raises `RemoteRewardError` naming the uuid, the reward and the service's answer.
@@ -41,9 +43,10 @@ import torch
 
 from sanarl.core.advantages import RewardSpec, combine_rewards, nan_mask
 from sanarl.errors import ConfigError
-from sanarl.rewards.base import RewardInputError, check_batch, check_images, to_uint8_hwc
+from sanarl.rewards.base import RewardInputError, check_batch, check_images
 from sanarl.rewards.combine import RewardFailure, RewardResult
 from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
+from sanarl.rewards.video import frames_as_images
 
 if TYPE_CHECKING:
     from sanarl.config.schema import Config, RemoteRewardConfig
@@ -266,33 +269,43 @@ class RemoteRewardFunction:
         prompts: Sequence[str],
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> RemoteTask:
-        """Enqueue one batch (images `[B, 3, H, W]` in [0, 1]); returns at once with a `RemoteTask`."""
+        """Enqueue one batch and return at once with a `RemoteTask`.
+
+        `images` are `[B, 3, H, W]` in [0, 1], or video clips `[B, 3, T, H, W]` (sent with media_type "video";
+        the service scores every `video_frame_stride`-th frame and reduces by `video_frame_reduction`)."""
         label = "+".join(self.names)
-        images = check_images(images, label)
+        video = isinstance(images, torch.Tensor) and images.ndim == 5
+        if video:
+            check_images(frames_as_images(images)[0], label)
+            images = images.detach()
+        else:
+            images = check_images(images, label)
         prompt_list, meta = check_batch(images, prompts, metadata, label)
-        bad = ~torch.isfinite(images).flatten(1).all(dim=1).cpu()
+        # one reduction per sample: finite pixels in [0, 1] always have a finite float32 sum
+        bad = ~torch.isfinite(images.flatten(1).sum(dim=1, dtype=torch.float32)).cpu()
         if bool(bad.any()):
-            images = torch.where(bad[:, None, None, None].to(images.device), torch.zeros_like(images), images)
+            keep = (~bad).to(images.device).view(-1, *[1] * (images.ndim - 1))
+            images = torch.where(keep, images, torch.zeros_like(images))
         header = {
             "prompts": prompt_list,
-            "reward_fn": {fn.name: fn.weight for fn in self.config.reward_fns},
-            "media_type": "image",
+            "reward_fn": self._reward_fn(video),
+            "media_type": "video" if video else "image",
             "metadata": meta,
             "request_id": str(uuidlib.uuid4()),
         }
-        buffer = io.BytesIO()
-        np.save(buffer, np.ascontiguousarray(to_uint8_hwc(images)), allow_pickle=False)
-        try:
-            body = (
-                json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-                + b"\n"
-                + buffer.getvalue()
-            )
-        except (TypeError, ValueError) as exc:
-            raise RewardInputError(
-                f"reward metadata must be JSON-serialisable to go to the reward service: {exc}."
-            ) from None
-        return RemoteTask(self, self._enqueue(body), len(prompt_list), bad)
+        return RemoteTask(self, self._enqueue(encode_request(header, images)), len(prompt_list), bad)
+
+    def _reward_fn(self, video: bool) -> dict[str, Any]:
+        """`reward_fn` of a request: `{name: weight}` (Cosmos-RL's form); for clips each value is an object with
+        the weight and the run's frame stride / reduction, so the service scores frames as in-process."""
+        rr = self.config
+        if not video:
+            return {fn.name: fn.weight for fn in rr.reward_fns}
+        frames = {
+            "video_frame_stride": rr.video_frame_stride,
+            "video_frame_reduction": rr.video_frame_reduction,
+        }
+        return {fn.name: {"weight": fn.weight, **frames} for fn in rr.reward_fns}
 
     def _enqueue(self, body: bytes) -> str:
         headers = self._headers("application/octet-stream")
@@ -390,6 +403,32 @@ class RemoteRewardFunction:
     ) -> RewardResult:
         """Enqueue and wait: `submit(...).result()`."""
         return self.submit(images, prompts, metadata).result()
+
+
+def to_uint8_payload(images: torch.Tensor) -> np.ndarray:
+    """Pixels as the service takes them: `round(255 x)` clamped to uint8, C-contiguous; images `[B, 3, H, W]`
+    become `[B, H, W, 3]` (channels last), clips `[B, 3, T, H, W]` keep their layout.
+
+    The same values as `sanarl.rewards.base.to_uint8_hwc`, but the layout change happens on the uint8 tensor in
+    torch (numpy's strided copy of a permuted array costs ~10x more)."""
+    view = images.detach().permute(0, 2, 3, 1) if images.ndim == 4 else images.detach()
+    return view.mul(255.0).round_().clamp_(0, 255).to(torch.uint8).contiguous().cpu().numpy()
+
+
+def encode_request(header: Mapping[str, Any], images: torch.Tensor) -> bytes:
+    """The enqueue body `json + b"\\n" + npy` (DESIGN.md section 4) of float pixels in [0, 1]: the npy holds
+    `to_uint8_payload(images)` in format 1.0 (what `np.save(..., allow_pickle=False)` writes), built with one copy
+    of the pixels. Raises RewardInputError when the header is not JSON-serialisable."""
+    array = to_uint8_payload(images)
+    try:
+        text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise RewardInputError(
+            f"reward metadata must be JSON-serialisable to go to the reward service: {exc}."
+        ) from None
+    npy_header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(npy_header, np.lib.format.header_data_from_array_1_0(array))
+    return b"".join((text, b"\n", npy_header.getvalue(), memoryview(array).cast("B")))
 
 
 def _scores(task: RemoteTask, name: str, answer: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -126,14 +126,20 @@ class Task(ABC):
         """Hook after each optimizer step (e.g. old-adapter decay); returns extra metrics."""
         return {}
 
+    def _validation_dataset(self):
+        """The plugin's validation set, else the training set."""
+        dataset = self.plugin.get_val_dataset(self.cfg) if hasattr(self.plugin, "get_val_dataset") else None
+        return dataset if dataset is not None else self.train_dataset
+
     def validation_prompts(self, count: int) -> list[str]:
         """Prompts for validation grids: the plugin's validation set, else the first training prompts."""
-        dataset = None
-        if hasattr(self.plugin, "get_val_dataset"):
-            dataset = self.plugin.get_val_dataset(self.cfg)
-        if dataset is None:
-            dataset = self.train_dataset
+        dataset = self._validation_dataset()
         return [dataset[i]["prompt"] for i in range(min(count, len(dataset)))]
+
+    def validation_metadata(self, count: int) -> list[dict]:
+        """Metadata of the rows `validation_prompts` uses, {} where an item has none."""
+        dataset = self._validation_dataset()
+        return [dict(dataset[i].get("metadata") or {}) for i in range(min(count, len(dataset)))]
 
     @staticmethod
     @abstractmethod

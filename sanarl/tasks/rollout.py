@@ -36,7 +36,8 @@ from sanarl.tasks.sampling import GenerationSpec, generate_latents
 
 @dataclass
 class PromptGroup:
-    """One prompt's kept rollout: latents [K, ...], images [K, 3, H, W], rewards and seeds."""
+    """One prompt's kept rollout: latents [K, ...], images [K, 3, H, W] (clips [K, 3, T, H, W] for video), rewards
+    and seeds."""
 
     prompt: str
     metadata: dict

@@ -5,6 +5,12 @@ accumulation over micro-batches equals one big batch), gradients are clipped, th
 then the task hook and the EMA run. Every step appends one JSON object to `metrics.jsonl`. Checkpoints every
 `train.ckpt.save_freq` steps hold everything resume needs; data order and noise are pure functions of
 (seed, step, rank), so a resumed run continues exactly like an uninterrupted one.
+
+Many processes (`accelerate launch`, docs/multi-gpu.md): DDP or FSDP2 through accelerate. Every rank runs the same
+loop; gradients are averaged by the wrapper; logged metrics are reduced over ranks (mean; min / max for `*min` /
+`*max` keys); only rank 0 writes files. Under FSDP the sharded weights, EMA shadow and optimizer state are gathered
+into full tensors for checkpoints and exports (all ranks take part, rank 0 writes), so a checkpoint has the same
+layout whatever the world size and sharding; resuming it needs the same world size (per-rank noise streams).
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
 from sanarl.core.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from sanarl.core.ema import EMA
-from sanarl.core.images import save_grid
+from sanarl.core.media import save_media
 from sanarl.core.tracking import MetricsLogger, plot_metrics
-from sanarl.errors import UserError
+from sanarl.errors import ConfigError, UserError
 from sanarl.tasks.base import Task
 from sanarl.tasks.data import step_generator
 from sanarl.tasks.sampling import GenerationSpec, generate_images
@@ -94,35 +100,170 @@ def prepare_run_dir(output_dir: str) -> Path:
     return run_dir
 
 
+# --- distributed helpers (DDP: no-ops; FSDP2: gather / scatter DTensor shards) ----------------------------------
+def is_fsdp(acc: Accelerator) -> bool:
+    """Did accelerate wrap the model with FSDP (`accelerate launch --use_fsdp` or an FSDP config file)?"""
+    from accelerate.utils import DistributedType
+
+    return acc.distributed_type == DistributedType.FSDP
+
+
+def check_fsdp_supported(acc: Accelerator) -> None:
+    """FSDP was asked for but accelerate fell back (on CPU it only knows DDP over gloo): refuse, naming the fix."""
+    wanted = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+    if wanted and not is_fsdp(acc):
+        raise ConfigError(
+            f"FSDP was requested (accelerate config `distributed_type: FSDP` / `--use_fsdp`) but this run is "
+            f"{acc.distributed_type.value} on {acc.device.type}: accelerate shards models with FSDP on GPUs (and "
+            "other accelerators) only, and on CPU would silently replicate the model instead. Launch on GPUs, or use "
+            "DDP (`accelerate launch --multi_gpu --num_processes N` or configs/accelerate/ddp_8gpu.yaml)."
+        )
+
+
+def _is_dtensor(t: object) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def full_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor whole: DTensor shards all-gathered (a collective: every rank calls, in the same key order)."""
+    return {k: (v.full_tensor() if _is_dtensor(v) else v).detach() for k, v in named.items()}
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full` on the device / dtype of `like`, sharded like it when `like` is a DTensor (FSDP)."""
+    if not _is_dtensor(like):
+        return full.to(device=like.device, dtype=like.dtype).clone()
+    from torch.distributed.tensor import distribute_tensor
+
+    local = full.to(device=like.device, dtype=like.dtype)
+    return distribute_tensor(local, like.device_mesh, like.placements)
+
+
+@contextlib.contextmanager
+def full_parameters(module: torch.nn.Module, *, write_back: bool = False):
+    """Inside the block `module` is a plain module: every FSDP2 shard (DTensor parameter) is replaced by its
+    gathered full tensor and FSDP's dynamic classes by the model's own (diffusers writes the class name into
+    config.json). Every rank must enter (all-gather). With `write_back` the full values are scattered back into
+    the shards on exit (checkpoint loading). Without FSDP this does nothing."""
+    from torch.distributed.fsdp import FSDPModule
+
+    swapped, classes = [], []
+    for mod in module.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and _is_dtensor(p):
+                mod._parameters[name] = torch.nn.Parameter(p.full_tensor().detach(), p.requires_grad)
+                swapped.append((mod, name, p))
+        if isinstance(mod, FSDPModule):
+            classes.append((mod, mod.__class__))
+            mod.__class__ = next(c for c in mod.__class__.__mro__[1:] if not issubclass(c, FSDPModule))
+    try:
+        yield
+    finally:
+        for mod, cls in classes:
+            mod.__class__ = cls
+        with torch.no_grad():
+            for mod, name, p in swapped:
+                if write_back:
+                    p.copy_(shard_like(mod._parameters[name].detach(), p))
+                mod._parameters[name] = p
+
+
+def gathered_optimizer_state(acc: Accelerator, module: torch.nn.Module, optimizer) -> dict:
+    """The optimizer state to checkpoint: as is (DDP), or FSDP's full state dict keyed by parameter names (rank 0
+    gets it, the others an empty dict)."""
+    if not is_fsdp(acc):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(module, optimizer.optimizer, options=options)
+
+
+def load_optimizer_state(acc: Accelerator, module: torch.nn.Module, optimizer, state: dict) -> None:
+    """Inverse of `gathered_optimizer_state` (FSDP: every rank passes the full state, each keeps its shard)."""
+    if not is_fsdp(acc):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(module, optimizer.optimizer, optim_state_dict=state, options=options)
+
+
+def scalar(value: torch.Tensor | float) -> float:
+    """A Python float of a (possibly DTensor) scalar."""
+    if _is_dtensor(value):
+        value = value.full_tensor()
+    return float(value)
+
+
+def reduce_metrics(acc: Accelerator, metrics: dict[str, float]) -> dict[str, float]:
+    """Step metrics over all ranks (one all-gather): keys ending in `min` / `max` take the min / max, all others
+    the mean (ranks hold equal shares of the global batch, so the mean of per-rank means is the global mean)."""
+    if acc.num_processes == 1:
+        return metrics
+    from accelerate.utils import gather_object
+
+    per_rank = gather_object([metrics])
+    out = {}
+    for key in metrics:
+        values = [m[key] for m in per_rank if key in m]
+        if key.endswith("min"):
+            out[key] = min(values)
+        elif key.endswith("max"):
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
 class Runner:
     """Owns the loop; the task owns data and objective."""
 
     def __init__(self, cfg: Config, task: Task, accelerator: Accelerator, run_dir: Path) -> None:
         self.cfg, self.task, self.acc, self.run_dir = cfg, task, accelerator, run_dir
+        check_fsdp_supported(accelerator)
         self.console = Console()
         self.ckpt_root = run_dir / "checkpoints"
-        named = task.trainable_parameters()
-        if not named:
+        if not task.trainable_parameters():
             raise UserError(
                 "nothing to train: no parameter requires grad (check [policy.lora].target_modules)."
             )
+        optimizer = build_optimizer(cfg, [p for _, p in task.trainable_parameters()])
+        self.scheduler = warmup_schedule(optimizer, cfg.train.optm_warmup_steps)
+        # model and optimizer in one call: FSDP2 swaps the parameters for shards and re-points the optimizer
+        self.wrapped, self.optimizer = accelerator.prepare(task.adapter.trainable_module(), optimizer)
+        named = task.trainable_parameters()
         self.params = [p for _, p in named]
-        self.optimizer = build_optimizer(cfg, self.params)
-        self.scheduler = warmup_schedule(self.optimizer, cfg.train.optm_warmup_steps)
         self.ema = (
             EMA(named, decay=cfg.train.ema_decay, interval=cfg.train.ema_update_step_interval)
-            if (cfg.train.ema_enable)
+            if cfg.train.ema_enable
             else None
         )
-        adapter = task.adapter
-        adapter.forward_module = accelerator.prepare(adapter.trainable_module())
-        self.optimizer = accelerator.prepare(self.optimizer)
+        task.adapter.forward_module = self._compiled(self.wrapped)
+        engine = getattr(task, "engine", None)
+        if is_fsdp(accelerator) and getattr(engine, "full_copy", None) is not None:
+            raise ConfigError(
+                f"rollout.family = {cfg.rollout.family!r} samples from inference copies merged from the live LoRA "
+                "weights, which FSDP shards; launch this preset with DDP (configs/accelerate/ddp_8gpu.yaml: LoRA "
+                "fits every GPU) or use rollout.family = 'diffusionnft' / 'naive_scaling' under FSDP."
+            )
         self.total_steps = self._total_steps()
         self.start_step = 0
+        self._held_out = None
         try:
             self.resume_path = resolve_resume(cfg.train.resume, self.ckpt_root)
         except ValueError as err:
             raise UserError(str(err)) from None
+
+    def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`train.compile`: torch.compile the trained forward (mode "default"; the DDP / FSDP wrapper inside).
+        Rollout inference copies are compiled separately with `rollout.compile_mode`."""
+        if not self.cfg.train.compile:
+            return module
+        return torch.compile(module)
 
     def _total_steps(self) -> int:
         t = self.cfg.train
@@ -130,19 +271,31 @@ class Runner:
         return min(total, t.max_num_steps) if t.max_num_steps is not None else total
 
     # --- checkpoints --------------------------------------------------------------------------------------------
-    def save(self, step: int) -> None:
-        ckpt = self.cfg.train.ckpt
-        if not (ckpt.enable_checkpoint and self.acc.is_main_process):
-            return
-        tensors = {"model": self.task.state_tensors()}
+    def _full_state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+        """Model / EMA tensors and optimizer state, whole (FSDP: gathered; every rank takes part)."""
+        with full_parameters(self.wrapped):
+            tensors = {"model": dict(self.task.state_tensors())}
         if self.ema is not None:
-            tensors["ema"] = dict(zip(self.ema.names, self.ema.shadow, strict=True))
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-        save_checkpoint(
-            self.ckpt_root, step, tensors, state, {"world_size": self.acc.num_processes}, ckpt.max_keep
-        )
+            tensors["ema"] = full_tensors(dict(zip(self.ema.names, self.ema.shadow, strict=True)))
+        state = {
+            "optimizer": gathered_optimizer_state(self.acc, self.wrapped, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        return tensors, state
+
+    def save(self, step: int) -> None:
+        """Checkpoint `step`: every rank gathers, rank 0 writes, all wait for it."""
+        ckpt = self.cfg.train.ckpt
+        if not ckpt.enable_checkpoint:
+            return
+        tensors, state = self._full_state()
+        if self.acc.is_main_process:
+            meta = {"world_size": self.acc.num_processes, "distributed_type": self.acc.distributed_type.value}
+            save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep)
+        self.acc.wait_for_everyone()
 
     def maybe_resume(self) -> None:
+        """Load `self.resume_path` on every rank (multi-node: the output dir must be on a shared filesystem)."""
         path = self.resume_path
         if path is None:
             return
@@ -150,27 +303,33 @@ class Runner:
         if meta.get("world_size", 1) != self.acc.num_processes:
             raise UserError(
                 f"checkpoint {path} was written by {meta.get('world_size')} processes but this run has "
-                f"{self.acc.num_processes}; resume with the same world size (the data order depends on it)."
+                f"{self.acc.num_processes}; resume with the same world size (the timestep / noise generators are "
+                "per (seed, step, rank), so only then does the run continue exactly), or start a new run from its "
+                "export (docs/multi-gpu.md, 'Resuming')."
             )
-        self.task.load_state_tensors(tensors["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        with full_parameters(self.wrapped, write_back=True):
+            self.task.load_state_tensors(tensors["model"])
+        load_optimizer_state(self.acc, self.wrapped, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and "ema" in tensors:
-            self.ema.shadow = [tensors["ema"][n].clone() for n in self.ema.names]
+            ema = tensors["ema"]
+            self.ema.shadow = [
+                shard_like(ema[n], s) for n, s in zip(self.ema.names, self.ema.shadow, strict=True)
+            ]
         self.start_step = int(meta["step"])
         self.console.print(f"[bold]resumed[/] from {path} at step {self.start_step}")
 
     # --- one step -----------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
+        """One optimizer step on this rank; returns its metrics reduced over all ranks."""
         rng = step_generator(self.cfg.train.seed, step, self.acc.process_index)
         t0 = time.perf_counter()
         micro = self.task.micro_batches(step, rng)
         t1 = time.perf_counter()
         sums: dict[str, float] = dict(self.task.collect_metrics())
-        module = self.task.adapter.forward_module
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
-            sync = contextlib.nullcontext() if last else self.acc.no_sync(module)
+            sync = contextlib.nullcontext() if last else self.acc.no_sync(self.wrapped)
             with sync, self.acc.autocast():
                 loss, metrics = self.task.objective(batch, rng)
                 self.acc.backward(loss / len(micro))
@@ -187,13 +346,13 @@ class Runner:
         t2 = time.perf_counter()
         samples = self.cfg.train.train_batch_per_replica
         sums.update(
-            grad_norm=float(grad_norm),
+            grad_norm=scalar(grad_norm),
             lr=self.scheduler.get_last_lr()[0],
             time_data=t1 - t0,
             time_train=t2 - t1,
             samples_per_s=samples / max(t2 - t0, 1e-9),
         )
-        return sums
+        return reduce_metrics(self.acc, sums)
 
     def _out_of_time(self, started: float) -> bool:
         """Has `train.max_wall_minutes` passed since `started`? Rank 0's clock decides for every rank."""
@@ -223,34 +382,65 @@ class Runner:
 
     @torch.no_grad()
     def validate(self, step: int, logger: MetricsLogger) -> Path | None:
-        val = self.cfg.validation
-        if not self.acc.is_main_process:
+        """Sample the validation grid and save it (rank 0). Without FSDP only rank 0 samples, with the plain
+        module (a DDP forward would wait for the other ranks); under FSDP every rank samples (each forward gathers
+        the shards) and rank 0 saves."""
+        val, fsdp, adapter = self.cfg.validation, is_fsdp(self.acc), self.task.adapter
+        if not (fsdp or self.acc.is_main_process):
             return None
         prompts = self.task.validation_prompts(val.num_samples)
         spec = GenerationSpec.from_sample_config(
             self.cfg.policy.diffusers.sample,
-            self.task.adapter,
+            adapter,
             self.cfg.policy.diffusers.inference_size,
             evaluation=True,
         )
         seeds = [self.cfg.train.seed + i for i in range(len(prompts))]
-        module = self.task.adapter.trainable_module()
+        module, forward = adapter.trainable_module(), adapter.forward_module
+        adapter.forward_module = forward if fsdp else None
         module.eval()
-        with self.ema_weights():
-            images = generate_images(self.task.adapter, prompts, seeds, spec, batch_size=val.batch_size)
-        module.train()
-        path = save_grid(images, prompts, self.run_dir / "samples" / f"step_{step:08d}.png")
-        logger.log_image(step, "samples", path)
+        try:
+            with self.ema_weights():
+                images = generate_images(adapter, prompts, seeds, spec, batch_size=val.batch_size)
+        finally:
+            module.train()
+            adapter.forward_module = forward
+        if not self.acc.is_main_process:
+            return None
+        path = save_media(images, prompts, self.run_dir / "samples" / f"step_{step:08d}")
+        if path.suffix == ".mp4":
+            logger.log_video(step, "samples", path)
+        else:
+            logger.log_image(step, "samples", path)
+        self._log_held_out_rewards(step, logger, images, prompts)
         return path
 
+    def _log_held_out_rewards(self, step: int, logger: MetricsLogger, images, prompts: list[str]) -> None:
+        """Reward-hacking guard: score the validation samples with `validation.held_out_rewards` (rewards the run
+        does not train on) and log their means as `heldout/<reward>/<key>`."""
+        names = self.cfg.validation.held_out_rewards
+        if not names:
+            return
+        from sanarl.evaluation.scoring import build_rewards, score_images
+        from sanarl.evaluation.summary import describe
+
+        if self._held_out is None:
+            self._held_out = build_rewards(names)
+        metadata = self.task.validation_metadata(len(prompts))
+        scores = score_images(images, prompts, metadata, self._held_out)
+        logger.log(step, {f"heldout/{key}": describe(values)["mean"] for key, values in scores.items()})
+
     def export(self) -> Path | None:
-        if not (self.cfg.train.ckpt.export_safetensors and self.acc.is_main_process):
+        """The final model (EMA weights when on) to `export/`: gathered on every rank, written by rank 0."""
+        if not self.cfg.train.ckpt.export_safetensors:
             return None
         target = self.run_dir / "export"
-        target.mkdir(parents=True, exist_ok=True)
-        with self.ema_weights():
-            self.task.export(target)
-        return target
+        with self.ema_weights(), full_parameters(self.wrapped):
+            if self.acc.is_main_process:
+                target.mkdir(parents=True, exist_ok=True)
+                self.task.export(target)
+        self.acc.wait_for_everyone()
+        return target if self.acc.is_main_process else None
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:

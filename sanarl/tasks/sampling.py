@@ -1,4 +1,6 @@
-"""Image generation on any adapter: the one sampling path shared by validation, rollouts and `sanarl eval`."""
+"""Image / video generation on any adapter: the one sampling path shared by validation, rollouts and `sanarl eval`.
+
+Latents have any rank (`[B, C, h, w]` images, `[B, C, T', h, w]` video); `adapter.latent_shape(H, W)` decides."""
 
 from __future__ import annotations
 
@@ -84,7 +86,8 @@ def generate_images(
     *,
     batch_size: int = 16,
 ) -> torch.Tensor:
-    """Images [N, 3, H, W] in [0, 1] for prompts[i] with seeds[i], in chunks of `batch_size`."""
+    """Images [N, 3, H, W] (clips [N, 3, T, H, W] for video adapters) in [0, 1] for prompts[i] with seeds[i], in
+    chunks of `batch_size`."""
     out = []
     for start in range(0, len(prompts), batch_size):
         chunk = slice(start, start + batch_size)

@@ -1,6 +1,7 @@
 """SFT and LoRA-SFT: flow matching on (image, caption) pairs (ALGORITHMS.md section 1).
 
 loss = mean_B( w(s) * mean_CHW (v_theta(x_s, s, c) - (eps - x0))^2 ),  x_s = (1 - s) x0 + s eps,
+(video: the mean runs over C, T', h, w of the clip latents),
 s = shift(u) with u from the configured timestep density. LoRA on or off is decided by `[policy.lora]` alone.
 """
 
@@ -35,8 +36,33 @@ def draw_flow_matching_noise(
     return {"u": u, "eps": eps, "keep_caption": keep}
 
 
+def media_key(batch: dict, plugin: str) -> str:
+    """The batch's training media: "image" ([B, 3, H, W]) or "video" ([B, 3, T, H, W] clips).
+
+    Raises:
+        DataError: naming the plugin when its items carry neither.
+    """
+    for key in ("image", "video"):
+        if key in batch:
+            return key
+    raise DataError(
+        f"plugin `{plugin}` returned items without an `image` (or `video`) for SFT; SFT items are "
+        '{"prompt": str, "image": FloatTensor[3,H,W] in [0,1]} or {"prompt": str, "video": FloatTensor[3,T,H,W] '
+        "in [0,1]} (docs/plugins.md, docs/video.md)."
+    )
+
+
+def latent_shape_of(adapter, media_shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+    """Per-sample latent shape of a media batch [B, 3, H, W] or [B, 3, T, H, W] (clips pass their own frame count
+    T, so training encodes `train_frames` while generation uses the adapter's default `inference_frames`)."""
+    height, width = media_shape[-2:]
+    if len(media_shape) == 5:
+        return adapter.latent_shape(height, width, frames=media_shape[2])
+    return adapter.latent_shape(height, width)
+
+
 class SFTTask(Task):
-    """Supervised flow-matching fine-tune on the plugin's `{"prompt", "image"}` items."""
+    """Supervised flow-matching fine-tune on the plugin's `{"prompt", "image"}` (or `{"prompt", "video"}`) items."""
 
     def __init__(self, cfg, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
@@ -64,20 +90,14 @@ class SFTTask(Task):
             per_rank=self.per_rank_batch(),
         )
         batch = self.collate([self.train_dataset[i] for i in idx])
-        if "image" not in batch:
-            raise DataError(
-                f"plugin `{self.plugin.__name__}` returned items without an `image` for SFT; SFT items are "
-                '{"prompt": str, "image": FloatTensor[3,H,W] in [0,1]} (docs/plugins.md).'
-            )
-        batch.update(self._draw_noise(len(idx), tuple(batch["image"].shape[-2:]), rng))
+        key = media_key(batch, self.plugin.__name__)
+        latent = latent_shape_of(self.adapter, batch[key].shape)
+        batch.update(draw_flow_matching_noise(self.diff, len(idx), latent, rng))
         return split_batch(batch, train.train_policy.mini_batch)
-
-    def _draw_noise(self, count: int, size: tuple[int, int], rng: torch.Generator) -> dict[str, torch.Tensor]:
-        return draw_flow_matching_noise(self.diff, count, self.adapter.latent_shape(*size), rng)
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         adapter, diff = self.adapter, self.diff
-        x0 = adapter.encode_images(batch["image"])
+        x0 = adapter.encode_images(batch[media_key(batch, self.plugin.__name__)])
         prompts = [
             p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)
         ]

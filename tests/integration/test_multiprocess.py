@@ -1,4 +1,11 @@
-"""The same training under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU)."""
+"""Distributed training on CPU: ONE `accelerate launch --multi_gpu --num_processes 2` (gloo) runs
+tests/data/ddp_checks.py, whose results are checked here against 1-process runs of the same functions.
+
+Checked: DDP ranks end with identical weights; each rank reads a disjoint half of the global batch; 2 processes
+equal 1 process with the same global batch (loss and weights, given the same per-rank noise); only rank 0 writes
+(one checkpoint layout, no per-rank files); resume in 2 processes equals an uninterrupted run; NFT advantages are
+computed over all ranks' rewards (global std) and each rank keeps its slice; FSDP on CPU is refused with a message.
+"""
 
 from __future__ import annotations
 
@@ -15,29 +22,158 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
 
 
-def test_two_processes_keep_identical_weights_and_split_the_global_batch(tmp_path):
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ddp")
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(ROOT / "tests" / "data" / "ddp_train.py"), str(tmp_path),
+        str(ROOT / "tests" / "data" / "ddp_checks.py"), str(out),
     ]  # fmt: skip
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def _report(out: Path, rank: int) -> dict:
+    return json.loads((out / f"rank{rank}.json").read_text())
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ranks_split_the_global_batch_and_keep_identical_weights(launched):
+    ranks = [_report(launched, r) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
-    steps, per_rank = 3, 4
-    for step in range(steps):
-        a = ranks[0]["reads"][step * per_rank : (step + 1) * per_rank]
-        b = ranks[1]["reads"][step * per_rank : (step + 1) * per_rank]
-        assert len(a) == len(b) == per_rank and not set(a) & set(b)
-    assert (
-        len(set(ranks[0]["reads"]) | set(ranks[1]["reads"])) == steps * per_rank * 2
-    )  # train_batch_per_replica 8 = 2 ranks x 4
-    w0, w1 = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
-    assert all(torch.equal(w0[k], w1[k]) for k in w0)
-    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3]
+    from sanarl.tasks.data import step_indices
+
+    steps, per_rank = 3, 4  # train_batch_per_replica 8 = 2 ranks x 4
+    for rank, report in enumerate(ranks):  # rank 0 then reads the validation prompts
+        expected = [step_indices(4096, 42, k, rank=rank, world=2, per_rank=per_rank) for k in range(steps)]
+        assert report["reads"][: steps * per_rank] == sum(expected, [])
+    reads = [set(r["reads"][: steps * per_rank]) for r in ranks]
+    assert not reads[0] & reads[1] and len(reads[0] | reads[1]) == steps * per_rank * 2
+    for name in ("sft3", "resumed4", "nft"):
+        w0, w1 = (load_file(str(launched / f"{name}_rank{r}.safetensors")) for r in (0, 1))
+        assert all(torch.equal(w0[k], w1[k]) for k in w0), name
+
+
+def test_only_rank_zero_writes_one_checkpoint_layout(launched):
+    run = launched / "a"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step_0000000{i}" for i in (2, 3, 4)]
+    for ckpt in (run / "checkpoints").iterdir():
+        assert sorted(p.name for p in ckpt.iterdir()) == [
+            "ema.safetensors",
+            "meta.json",
+            "model.safetensors",
+            "state.pt",
+        ]
+        assert json.loads((ckpt / "meta.json").read_text())["world_size"] == 2
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_00000003.png", "step_00000004.png"]
+    assert [r["step"] for r in _records(run)] == [1, 2, 3, 4]  # one writer: no duplicated lines
+    assert (run / "export" / "transformer").is_dir()
+
+
+def test_resume_in_two_processes_equals_an_uninterrupted_run(launched):
+    for rank in (0, 1):
+        resumed = load_file(str(launched / f"resumed4_rank{rank}.safetensors"))
+        straight = load_file(str(launched / f"straight4_rank{rank}.safetensors"))
+        assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+    assert _records(launched / "a")[3]["loss"] == pytest.approx(_records(launched / "b")[3]["loss"], rel=1e-6)
+
+
+def test_two_processes_equal_one_process_with_the_same_global_batch(launched, tmp_path, monkeypatch):
+    import ddp_checks
+
+    from sanarl.tasks import sft
+    from sanarl.tasks.data import step_generator
+
+    original, real_noise, seen = sft.SFTTask.micro_batches, sft.draw_flow_matching_noise, {}
+
+    def remember_step(self, step, rng):
+        seen.update(seed=self.cfg.train.seed, step=step)
+        return original(self, step, rng)
+
+    def two_rank_noise(
+        diff, count, latent, rng
+    ):  # what ranks 0 and 1 draw from their (seed, step, rank) generators
+        gens = [step_generator(seen["seed"], seen["step"], r) for r in (0, 1)]
+        parts = [real_noise(diff, count // 2, latent, g) for g in gens]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    monkeypatch.setattr(sft.SFTTask, "micro_batches", remember_step)
+    monkeypatch.setattr(sft, "draw_flow_matching_noise", two_rank_noise)
+    one = ddp_checks.sft(tmp_path / "one", 3, "validation.enable=false")
+    assert one.task.world == 1
+    single, double = _records(tmp_path / "one"), _records(launched / "a")[:3]
+    for a, b in zip(single, double, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    w1 = ddp_checks.weights(one)
+    w2 = load_file(str(launched / "sft3_rank0.safetensors"))
+    worst = max(float((w1[k] - w2[k]).abs().max()) for k in w2)
+    assert worst < 1e-5, worst
+
+
+def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_groups(launched, tmp_path):
+    import ddp_checks
+
+    ranks = [_report(launched, r)["advantages"][0] for r in (0, 1)]
+    assert ranks[0]["prompts"] != ranks[1]["prompts"]  # one whole prompt group per rank
+    rewards = torch.tensor(ranks[0]["rewards"] + ranks[1]["rewards"], dtype=torch.float64)
+    adv = torch.tensor(ranks[0]["adv"] + ranks[1]["adv"], dtype=torch.float64)
+    sd = rewards.std(
+        correction=0
+    )  # global std over both ranks (ALGORITHMS.md: A = (R - mean_group) / std_all)
+    expected = torch.cat([(g - g.mean()) / (sd + 1e-4) for g in rewards.split(4)])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    local = rewards[:4]
+    assert not torch.allclose(adv[:4], (local - local.mean()) / (local.std(correction=0) + 1e-4), atol=1e-3)
+    recorded: list = []
+    ddp_checks.nft(tmp_path / "nft1", recorded)
+    one = recorded[0]
+    assert one["prompts"] == ranks[0]["prompts"] + ranks[1]["prompts"]
+    assert torch.allclose(torch.tensor(one["rewards"], dtype=torch.float64), rewards, atol=1e-6)
+    assert torch.allclose(torch.tensor(one["adv"], dtype=torch.float64), adv, atol=1e-5)
+
+
+def test_fsdp_on_cpu_is_refused_with_the_fix(launched):
+    message = _report(launched, 0)["fsdp_refusal"]
+    assert "FSDP" in message and "MULTI_CPU" in message and "--multi_gpu" in message
+
+
+def test_fsdp_helpers_gather_for_export_and_scatter_back_for_resume(launched):
+    """torch's fully_shard over gloo (what accelerate's FSDP2 does on GPUs): under `full_parameters` the sharded
+    model is a plain one (state_dict of full tensors, diffusers' own class name in the export), and writing into it
+    with write_back lands in the shards."""
+    from diffusers import SanaTransformer2DModel
+
+    for rank in (0, 1):
+        report = _report(launched, rank)["fsdp_helpers"]
+        assert report == {
+            "sharded": True,
+            "gathered_equal": True,
+            "still_sharded": True,
+            "written_back": True,
+            "reshard_ok": True,
+            "class": "FSDPSanaTransformer2DModel",
+        }
+    exported = SanaTransformer2DModel.from_pretrained(str(launched / "fsdp_export")).state_dict()
+    reference = load_file(str(launched / "fsdp_reference.safetensors"))
+    assert set(exported) == set(reference) and all(torch.equal(exported[k], reference[k]) for k in reference)
+
+
+def test_resume_with_another_world_size_is_refused(launched, tmp_path):
+    import ddp_checks
+
+    from sanarl.errors import UserError
+
+    with pytest.raises(
+        UserError, match="written by 2 processes but this run has 1; resume with the same world"
+    ):
+        ddp_checks.sft(tmp_path / "other", 5, f"train.resume={launched / 'a'}", "validation.enable=false")

@@ -448,9 +448,13 @@ def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     item = queue_item("jpeg_compressibility", "u1", 2)
     for attempt in (1, 2):
         svc.redis.hset(keys.workers, "ghost", json.dumps({"rewards": ["jpeg_compressibility"]}))
-        assert scripts.claim(
-            keys=[keys.queue("jpeg_compressibility"), keys.proc("ghost")], args=[64, 10]
-        ) == [item.encode()]
+        claimed = scripts.claim(
+            keys=[keys.queue("jpeg_compressibility"), keys.proc("ghost")],
+            args=[64, 10, keys.prefix, "jpeg_compressibility"],
+        )  # [Redis time, [item, header, created, attempts, npy, result exists]]
+        assert claimed[1][0] == item.encode() and claimed[1][4] == b"npy" and claimed[1][5] == 0
+        assert json.loads(claimed[1][1]) == json.loads(header) and len(claimed) == 2
+        assert int(claimed[1][3] or 0) == attempt - 1
         moved = reap_dead_workers(svc.redis, keys, config, scripts)
         assert int(svc.redis.hget(keys.task("u1"), "a:jpeg_compressibility")) == attempt
         assert svc.redis.hexists(keys.workers, "ghost") is False and svc.redis.exists(keys.proc("ghost")) == 0

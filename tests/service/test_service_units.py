@@ -20,10 +20,13 @@ from reward_service.cli import main as cli_main
 from reward_service.config import loads_service_config
 from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
 from reward_service.scoring import Task, score_tasks
+from reward_service.supervisor import worker_slots
+from reward_service.worker import _hosted
 from sanarl.datasets import shapes_world as world
 from sanarl.errors import ConfigError
 from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from sanarl.rewards.shapes import ShapesReward
+from sanarl.rewards.video import score_video
 
 pytestmark = pytest.mark.service
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sanarl-hypothesis")  # not .hypothesis/ in the repo
@@ -112,6 +115,9 @@ def test_parse_single_prompt_shared_metadata_and_video():
         ("request_id", 422, "request_id"),
         ("long_json", 413, "max_json_bytes"),
         ("not_npy", 422, "not a valid .npy"),
+        ("frame_key", 422, "unknown keys ['stride']"),
+        ("frame_stride", 422, "video_frame_stride` must be an integer >= 1, got 0"),
+        ("frame_reduction", 422, "must be one of ['mean', 'min', 'max', 'median'], got 'sum'"),
     ],
 )
 def test_parse_refuses_bad_bodies(case, status, fragment):
@@ -134,10 +140,41 @@ def test_parse_refuses_bad_bodies(case, status, fragment):
         "request_id": encode_body(good_header(request_id="a b"), images),
         "long_json": b"{" + b" " * 5000 + b"}\n" + npy(images),
         "not_npy": json.dumps(good_header()).encode() + b"\nNOTNUMPY" + bytes(40),
+        "frame_key": encode_body(
+            {**good_header(), "reward_fn": {"jpeg_compressibility": {"stride": 2}}}, images
+        ),
+        "frame_stride": encode_body(
+            {**good_header(), "reward_fn": {"jpeg_compressibility": {"video_frame_stride": 0}}}, images
+        ),
+        "frame_reduction": encode_body(
+            {**good_header(), "reward_fn": {"jpeg_compressibility": {"video_frame_reduction": "sum"}}}, images
+        ),
     }
     error = refused(bodies[case])
     assert error.status == status
     assert fragment in str(error)
+
+
+def test_parse_reward_fn_objects_carry_weights_and_video_frame_options():
+    """Cosmos-RL's `{name: weight}` and sanarl's `{name: {weight, video_frame_*}}` mix; frame options are kept for
+    videos only (images have no frames to pick)."""
+    video = np.zeros((1, 3, 4, 8, 8), dtype=np.uint8)
+    fns = {
+        "jpeg_compressibility": {"weight": 0.5, "video_frame_stride": 2, "video_frame_reduction": "median"},
+        "shapes": 3,
+        "clipscore": {"video_frame_reduction": "max"},
+    }
+    header = {"prompts": ["v"], "reward_fn": fns}
+    parsed = parse_enqueue(encode_body(header, video), known_rewards=None, **LIMITS)
+    assert parsed.rewards == {"jpeg_compressibility": 0.5, "shapes": 3.0, "clipscore": 1.0}
+    assert parsed.header["frames"] == {
+        "jpeg_compressibility": {"video_frame_stride": 2, "video_frame_reduction": "median"},
+        "clipscore": {"video_frame_reduction": "max"},
+    }
+    image = parse_enqueue(
+        encode_body({"prompts": ["i"], "reward_fn": fns}, pixels(1)), known_rewards=None, **LIMITS
+    )
+    assert "frames" not in image.header and image.rewards["jpeg_compressibility"] == 0.5
 
 
 def test_parse_reads_npy_header_only_and_never_loads_objects():
@@ -150,7 +187,7 @@ def test_parse_reads_npy_header_only_and_never_loads_objects():
 SEED_BODY = encode_body(good_header(2, metadata=[{"x": 1}, {"y": [1, 2]}]), pixels(2, 4))
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.one_of(
         st.binary(max_size=400),
@@ -200,6 +237,18 @@ def test_config_defaults_and_reward_options():
         (BASE + "[limits]\nresult_ttl_s = 0\n", "`limits.result_ttl_s` = 0.0 must be > 0"),
         (BASE + '[redis]\nfsync = "sometimes"\n', "`redis.fsync`"),
         (BASE + "port = 1 2\n", "not valid TOML"),
+        (
+            BASE + '[[worker_groups]]\nrewards = ["jpeg_compresibility"]\n',
+            "Did you mean 'jpeg_compressibility'?",
+        ),
+        (BASE + "[[worker_groups]]\nrewards = []\n", "`worker_groups[0].rewards` is empty"),
+        (
+            BASE + '[[worker_groups]]\nrewards = ["jpeg_compressibility"]\n' * 2,
+            "already in worker_groups[0]",
+        ),
+        (BASE + '[[worker_groups]]\nrewards = ["jpeg_compressibility"]\ncount = -1\n', "count` = -1"),
+        (BASE + "video_frame_stride = 0\n", "video_frame_stride` = 0 must be >= 1"),
+        (BASE + 'video_frame_reduction = "sum"\n', "mean | min | max | median"),
     ],
 )
 def test_config_errors_name_the_key(text, fragment):
@@ -215,6 +264,33 @@ def test_config_token_from_env_or_error(monkeypatch):
     monkeypatch.delenv("REMOTE_REWARD_TOKEN")
     with pytest.raises(ConfigError, match="REMOTE_REWARD_TOKEN"):
         cfg.resolved_token()
+
+
+def test_worker_groups_split_the_rewards_between_processes():
+    """General workers host what no group takes; each group starts its count; `--group` resolves the hosts."""
+    text = (
+        'token = "t"\n[workers]\ncount = 2\n[[worker_groups]]\nrewards = ["clipscore"]\ncount = 3\n'
+        'device = "cuda:1"\nbatch_images = 8\n'
+        + "".join(
+            f'[[reward_args]]\nreward_type = "{n}"\n' for n in ("shapes", "clipscore", "jpeg_compressibility")
+        )
+    )
+    cfg = loads_service_config(text)
+    assert cfg.general_rewards() == ["shapes", "jpeg_compressibility"]
+    assert worker_slots(cfg) == ["general", "general", "0", "0", "0"]
+    assert _hosted(cfg, "general") == (["shapes", "jpeg_compressibility"], "", 0)
+    assert _hosted(cfg, "0") == (["clipscore"], "cuda:1", 8)
+    assert _hosted(cfg, "all")[0] == ["shapes", "clipscore", "jpeg_compressibility"]
+    with pytest.raises(ConfigError, match="--group '1'"):
+        _hosted(cfg, "1")
+    everything = text.replace(
+        'rewards = ["clipscore"]', 'rewards = ["clipscore", "shapes", "jpeg_compressibility"]'
+    )
+    assert worker_slots(loads_service_config(everything)) == [
+        "0",
+        "0",
+        "0",
+    ]  # no general worker without rewards
 
 
 @pytest.mark.parametrize(
@@ -304,3 +380,31 @@ def test_video_gets_the_mean_over_its_frames():
     per_frame = reward.score(frames, ["p"] * 6)["jpeg_kb"].reshape(2, 3)
     assert out["scores"]["jpeg_kb"] == pytest.approx(per_frame.mean(dim=1).tolist(), rel=1e-6)
     assert out["batch"] == {"tasks": 1, "images": 6}
+
+
+@pytest.mark.parametrize(("stride", "reduction"), [(1, "mean"), (2, "min"), (3, "max"), (2, "median")])
+def test_video_stride_and_reduction_equal_score_video(stride, reduction):
+    """Two video tasks with different frame options share one scoring call; each equals `score_video` on its clips
+    (hand check for mean: per-frame kB averaged over the picked frames)."""
+    reward = JpegIncompressibility()
+    a = np.random.default_rng(6).integers(0, 256, (2, 3, 5, 16, 16), dtype=np.uint8)
+    b = np.random.default_rng(7).integers(0, 256, (1, 3, 4, 16, 16), dtype=np.uint8)
+
+    def task(item, clips, stride_, reduction_):
+        header = {"prompts": ["v"] * len(clips), "metadata": [{}] * len(clips), "media_type": "video"}
+        return Task(item, {**header, "shape": list(clips.shape)}, clips, 0, stride_, reduction_)
+
+    out = score_tasks(reward, [task("a", a, stride, reduction), task("b", b, 1, "mean")])
+    for item, clips, s_, r_ in (("a", a, stride, reduction), ("b", b, 1, "mean")):
+        floats = torch.from_numpy(clips).float() / 255.0
+        expected = score_video(reward, floats, ["v"] * len(clips), stride=s_, reduction=r_)
+        assert out[item].result["scores"]["jpeg_kb"] == expected["jpeg_kb"].tolist()
+        assert out[item].result["frames"]["scored"] == len(range(0, clips.shape[2], s_))
+    picked = len(range(0, 5, stride))
+    assert out["a"].result["batch"] == {"tasks": 2, "images": 2 * picked + 4}
+    if reduction == "mean":
+        frames = (
+            torch.from_numpy(a[:, :, ::stride]).permute(0, 2, 1, 3, 4).reshape(-1, 3, 16, 16).float() / 255
+        )
+        per_frame = reward.score(frames, ["v"] * len(frames))["jpeg_kb"].reshape(2, picked)
+        assert out["a"].result["scores"]["jpeg_kb"] == pytest.approx(per_frame.mean(1).tolist(), rel=1e-6)

@@ -221,15 +221,6 @@ def test_two_images_with_one_stem_are_ambiguous(tmp_path: Path) -> None:
         diffusers_dataset.get_dataset(_config(tmp_path))
 
 
-def test_video_is_not_supported_yet(tmp_path: Path) -> None:
-    config = _config(tmp_path)
-    config.policy.diffusers.is_video = True
-    with pytest.raises(
-        DataError, match=r"`policy\.diffusers\.is_video`.*SANA-Video support \(mp4 decoding\)"
-    ):
-        diffusers_dataset.get_dataset(config)
-
-
 # -------------------------------------------------------------------------------------------- corrupt images
 
 

@@ -1,0 +1,126 @@
+"""Tiny random-init SANA-Video pipelines built from config (tests and the CPU video presets).
+
+- `sana-video`: the real SANA-Video path in miniature: SanaVideoTransformer3DModel (2 layers, width 16) over a tiny
+  random-init AutoencoderKLWan (factor 8 in space, 4 in time, 4 latent channels with non-trivial per-channel
+  `latents_mean` / `latents_std`, so the normalisation is exercised) and a 1-layer Gemma-2 text encoder with a
+  word-level tokenizer. Video frames T must be 4 k + 1 (the Wan VAE keeps the first frame and packs 4 per latent).
+- `shapes-video`: the CPU-trainable moving-shapes model. The same transformer class diffusing in pixel space
+  through `PixelVideoAutoencoder` (an exactly invertible identity "VAE", factor 1 in space and time), 8 frames of
+  16 x 16 px, patch (1, 4, 4) -> 128 tokens; ~0.35M parameters (a step of 4 clips ~0.15 s fwd+bwd on one idle
+  core); vocabulary = the shapes words plus the motion words.
+
+`PixelVideoAutoencoder` lives here so diffusers can re-import it by this module name when loading a saved pipeline
+(`import sanarl.models.tiny_video` before `SanaVideoPipeline.from_pretrained(dir)` of a shapes-video export).
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.autoencoders.vae import DecoderOutput, EncoderOutput
+from diffusers.models.modeling_utils import ModelMixin
+
+from sanarl.models.tiny import SHAPES_VOCABULARY, _gemma, word_tokenizer
+
+MOTION_WORDS: tuple[str, ...] = ("moving", "moves", "toward", "towards", "up", "down", "upward", "downward")
+"""Words the moving-shapes captions add to the shapes vocabulary (a test checks every caption is covered)."""
+
+VIDEO_VOCABULARY: tuple[str, ...] = SHAPES_VOCABULARY + MOTION_WORDS
+
+
+class PixelVideoAutoencoder(ModelMixin, ConfigMixin):
+    """Identity "VAE" for pixel-space video models: encode([B, C, T, H, W] in [-1, 1]) = the same tensor.
+
+    Mirrors AutoencoderKLWan's config fields that SANA-Video code reads (`z_dim`, `scale_factor_temporal`,
+    `scale_factor_spatial`, `latents_mean`, `latents_std`: zeros / ones, so the normalisation is the identity).
+    No trainable weights.
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        in_channels: int = 3,
+        z_dim: int = 3,
+        scale_factor_temporal: int = 1,
+        scale_factor_spatial: int = 1,
+        latents_mean: list[float] | None = None,
+        latents_std: list[float] | None = None,
+    ) -> None:
+        """`z_dim` must equal `in_channels`; the factors must be 1; mean / std default to zeros / ones."""
+        super().__init__()
+        if z_dim != in_channels or scale_factor_temporal != 1 or scale_factor_spatial != 1:
+            raise ValueError("PixelVideoAutoencoder is the identity: z_dim == in_channels and factors 1")
+        self.register_to_config(
+            latents_mean=list(latents_mean or [0.0] * z_dim), latents_std=list(latents_std or [1.0] * z_dim)
+        )
+        self.register_buffer("anchor", torch.zeros(1), persistent=True)  # lets diffusers infer device / dtype
+
+    def encode(self, x: torch.Tensor, return_dict: bool = True) -> EncoderOutput | tuple[torch.Tensor]:
+        """x [B, C, T, H, W] -> latent [B, C, T, H, W] (unchanged)."""
+        return EncoderOutput(latent=x) if return_dict else (x,)
+
+    def decode(self, z: torch.Tensor, return_dict: bool = True) -> DecoderOutput | tuple[torch.Tensor]:
+        """z [B, C, T, H, W] -> sample [B, C, T, H, W] (unchanged)."""
+        return DecoderOutput(sample=z) if return_dict else (z,)
+
+
+def _transformer(in_channels: int, heads: int, head_dim: int, layers: int, caption: int, patch: tuple):
+    from diffusers import SanaVideoTransformer3DModel
+
+    width = heads * head_dim
+    return SanaVideoTransformer3DModel(
+        in_channels=in_channels,
+        out_channels=in_channels,
+        num_attention_heads=heads,
+        attention_head_dim=head_dim,
+        num_layers=layers,
+        num_cross_attention_heads=heads,
+        cross_attention_head_dim=head_dim,
+        cross_attention_dim=width,
+        caption_channels=caption,
+        mlp_ratio=2.0,
+        sample_size=8,
+        patch_size=patch,
+        rope_max_seq_len=64,
+    )
+
+
+def build_sana_video_pipeline(seed: int = 0):
+    """Tiny SANA-Video with a random-init Wan VAE (spatial 8, temporal 4, 4 latent channels)."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, SanaVideoPipeline
+
+    torch.manual_seed(seed)
+    tokenizer = word_tokenizer(VIDEO_VOCABULARY)
+    vae = AutoencoderKLWan(
+        base_dim=4,
+        z_dim=4,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.1, -0.2, 0.3, 0.0],
+        latents_std=[1.5, 0.8, 1.2, 2.0],
+        scale_factor_temporal=4,
+        scale_factor_spatial=8,
+    )
+    return SanaVideoPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_gemma(len(tokenizer), 32),
+        vae=vae,
+        transformer=_transformer(4, heads=2, head_dim=8, layers=2, caption=32, patch=(1, 1, 1)),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )
+
+
+def build_shapes_video_pipeline(seed: int = 0):
+    """The CPU moving-shapes model: pixel-space SANA-Video, 16 x 16 px clips, patch (1, 4, 4)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SanaVideoPipeline
+
+    torch.manual_seed(seed)
+    tokenizer = word_tokenizer(VIDEO_VOCABULARY)
+    return SanaVideoPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_gemma(len(tokenizer), 64),
+        vae=PixelVideoAutoencoder(in_channels=3, z_dim=3),
+        transformer=_transformer(3, heads=4, head_dim=16, layers=4, caption=64, patch=(1, 4, 4)),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+    )

@@ -1,0 +1,84 @@
+"""The `motion` reward: does the shape of a moving-shapes clip move the way its caption says? (no weights, CPU)
+
+A video-native reward: it takes whole clips `[B, C, T, H, W]` in [0, 1] (class attribute `video_native = True`
+tells `RewardFunction` to pass clips through instead of scoring frames one by one) and each clip's metadata row
+with a `motion` direction (forwarded by `sanarl.datasets.shapes` in video mode). The judge is
+`shapes_video.judge_motion` (centroid track -> least-squares displacement D -> `(1 + cos(D, u)) / 2` times a travel
+factor). Keys:
+- `direction` (default key): in [0, 1]; ~1 for ground-truth clips, ~0 for reversed or static ones, 0.5 sideways;
+- `travel`: signed displacement along the asked direction as a fraction of the clip side;
+- `visible`: fraction of frames that show any foreground.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from sanarl.datasets import shapes_video
+from sanarl.errors import DataError
+from sanarl.rewards.base import Reward, RewardInputError, _normalise_output, check_batch, check_images
+from sanarl.rewards.video import frames_as_images
+
+
+def check_clips(clips: Any, reward: str) -> torch.Tensor:
+    """Validate clips `[B, C, T, H, W]` float in [0, 1] (C = 3, T >= 2); returns them detached and round-off clamped.
+
+    Raises:
+        RewardInputError: naming the reward, for a wrong layout, dtype or range.
+    """
+    if not isinstance(clips, torch.Tensor) or clips.ndim != 5 or clips.shape[2] < 2:
+        shape = tuple(clips.shape) if isinstance(clips, torch.Tensor) else type(clips).__name__
+        raise RewardInputError(
+            f"reward {reward!r} scores video clips, a float tensor [B, C, T, H, W] in [0, 1] with T >= 2 frames; "
+            f"got {shape}. Use it with a video model (policy.diffusers.is_video = true) or choose an image reward."
+        )
+    frames, per_clip = frames_as_images(clips)
+    checked = check_images(frames, reward)  # layout, dtype and range of every frame
+    batch, channels, height, width = clips.shape[0], clips.shape[1], clips.shape[3], clips.shape[4]
+    return checked.reshape(batch, per_clip, channels, height, width).permute(0, 2, 1, 3, 4)
+
+
+class MotionReward(Reward):
+    """Direction-of-motion credit of moving-shapes clips against their metadata (see the module doc)."""
+
+    name = "motion"
+    keys = ("direction", "travel", "visible")
+    default_key = "direction"
+    video_native = True
+
+    def score(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Scores `{key: Tensor[B]}` for clips `[B, C, T, H, W]` in [0, 1]; clips with non-finite pixels get NaN."""
+        clips = check_clips(images, self.name)
+        prompts, meta = check_batch(clips, prompts, metadata, self.name)
+        bad = ~torch.isfinite(clips).flatten(1).all(dim=1)
+        clips = torch.where(bad.view(-1, 1, 1, 1, 1), torch.zeros_like(clips), clips)
+        with torch.no_grad():
+            out = self._score(clips, prompts, meta)
+        scores = _normalise_output(out, self.keys, clips.shape[0], self.name)
+        nan = torch.tensor(float("nan"))
+        return {key: torch.where(bad.cpu(), nan, value) for key, value in scores.items()}
+
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        """Judge each clip `[C, T, H, W]` against its row's direction; `[B]` float tensors per key."""
+        values: dict[str, list[float]] = {key: [] for key in self.keys}
+        arr = images.detach().float().cpu().permute(0, 2, 3, 4, 1).double().numpy()  # [B, T, H, W, C]
+        for clip, prompt, row in zip(arr, prompts, metadata, strict=True):
+            try:
+                direction = shapes_video.check_direction(row)
+            except DataError as exc:
+                raise RewardInputError(f"reward 'motion', prompt {prompt!r}: {exc}") from exc
+            result = shapes_video.judge_motion(clip, direction)
+            values["direction"].append(result.direction)
+            values["travel"].append(result.travel)
+            values["visible"].append(result.visible)
+        return {key: torch.tensor(vals, dtype=torch.float32) for key, vals in values.items()}

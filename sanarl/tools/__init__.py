@@ -1,0 +1,1 @@
+"""Operational tools run as modules (`python -m sanarl.tools.gpu_check`)."""
