@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -30,3 +31,19 @@ def run_cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture
+def network(monkeypatch):
+    """The network is cut (DNS and connect raise) and the test fails if anything even tried to use it; yields the
+    list of attempts (tests of download failures inspect it)."""
+    attempts: list = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    yield attempts
+    assert attempts == [], f"a test tried to reach the network: {attempts}"

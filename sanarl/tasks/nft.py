@@ -145,8 +145,26 @@ class NFTTask(Task):
         return self._finish_chunk(split_even(self._pending[1], k)[part])
 
     def _finish_chunk(self, batches: list[dict]) -> list[dict]:
-        """Hook: the micro-batches of one optimizer step, as the runner gets them."""
-        return batches
+        """The micro-batches of one optimizer step, as the runner gets them. With several ranks every rank must run
+        as many backward passes (DDP / FSDP communicate in each), but NaN rewards can drop different numbers of
+        samples per rank: pad with zero-weight micro-batches (zero latents, so even NaN rollouts pad safely)."""
+        if self.world == 1:
+            return batches
+        from accelerate.utils import gather
+
+        most = int(gather(torch.tensor([len(batches)], device=self.adapter.device)).max())
+        if most == len(batches):
+            return batches
+        group = self.last_groups[0]
+        pad = {
+            "x0": torch.zeros_like(group.latents[:1]),
+            "cond": group.cond.select([0]),
+            "t": torch.full((1,), 0.5),
+            "eps": torch.zeros_like(group.latents[:1]),
+            "adv": torch.zeros(1),
+            "weight": 0.0,
+        }
+        return batches + [pad] * (most - len(batches))
 
     def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         """Roll out the prompts of rollout `step`, score them, and build all its training micro-batches."""
@@ -222,6 +240,7 @@ class NFTTask(Task):
             kl_beta=kl_beta,
             adv_mode=tp.adv_mode,
         )
+        loss = loss * batch.get("weight", 1.0)
         return loss, {"loss": loss.item(), **{k: float(v) for k, v in metrics.items()}}
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:

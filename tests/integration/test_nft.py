@@ -191,3 +191,22 @@ def test_nan_rewards_are_dropped_and_counted(tmp_path, monkeypatch):
     record = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert record["reward/dropped"] == 2  # the first image of each of the 2 prompt groups
     assert torch.isfinite(torch.tensor(record["loss"]))
+
+
+def test_ranks_with_fewer_micro_batches_pad_with_zero_weight_batches(tmp_path, monkeypatch):
+    """NaN rewards drop samples per rank: the short rank pads to the longest rank's count with batches that
+    contribute no loss and no gradient."""
+    import accelerate.utils
+
+    task = api.train(loaded(tmp_path, "rollout.reward_workers=0"), SHAPES, dry_run=True).task
+    batches = task._rollout_batches(0, torch.Generator().manual_seed(0))
+    task.world = 2
+    monkeypatch.setattr(accelerate.utils, "gather", lambda t: torch.tensor([len(batches), len(batches) + 3]))
+    padded = task._finish_chunk(batches)
+    assert len(padded) == len(batches) + 3 and padded[: len(batches)] == batches
+    module = task.adapter.trainable_module()
+    loss, _ = task.objective(padded[-1], torch.Generator().manual_seed(1))
+    loss.backward()
+    assert loss.item() == 0.0
+    grads = [p.grad for p in module.parameters() if p.requires_grad and p.grad is not None]
+    assert all(float(g.abs().sum()) == 0.0 for g in grads)

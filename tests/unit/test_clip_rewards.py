@@ -7,7 +7,6 @@ take; oracles are the transformers processor + `CLIPModel.forward` on PIL images
 from __future__ import annotations
 
 import math
-import socket
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +21,8 @@ from sanarl.rewards.aesthetic import AESTHETIC_FILE, Aesthetic
 from sanarl.rewards.clip_models import ClipEncoder, ImageTransform, center_crop
 from sanarl.rewards.clipscore import ClipScore
 from sanarl.rewards.pickscore import PICKSCORE_MODEL, PICKSCORE_PROCESSOR, PickScore
+
+pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
 
 transformers = pytest.importorskip("transformers")
 
@@ -70,21 +71,6 @@ def tiny_clip(vocab: dict[str, int], logit_scale: float, seed: int):
         text_config=text, vision_config=vision, projection_dim=768, logit_scale_init_value=logit_scale
     )
     return transformers.CLIPModel(config)
-
-
-@pytest.fixture(autouse=True)
-def network(monkeypatch):
-    """Every test here runs with the network cut (DNS and connect raise) and must not even try to use it."""
-    attempts: list = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network disabled in this test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    yield attempts
-    assert attempts == [], f"a test tried to reach the network: {attempts}"
 
 
 @pytest.fixture(scope="module")

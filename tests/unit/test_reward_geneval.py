@@ -3,7 +3,6 @@ and a tiny random torchvision detector + tiny CLIP saved to disk and loaded thro
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,22 +16,9 @@ from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.geneval import COCO_IDS, LABELS, ColorClassifier, GenEvalReward
 from sanarl.rewards.geneval_rules import Detection, Thresholds, box_iou, judge, relative_position
 
+pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
+
 TH = Thresholds()
-
-
-@pytest.fixture(autouse=True)
-def network(monkeypatch):
-    """The network is cut (DNS and connect raise) and no test may try to use it."""
-    attempts: list = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network disabled in this test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    yield attempts
-    assert attempts == [], f"a test tried to reach the network: {attempts}"
 
 
 def det(label: str, box, score: float = 0.95, mask=None) -> Detection:

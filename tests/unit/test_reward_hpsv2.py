@@ -7,7 +7,6 @@ Oracle: open_clip's own validation transform (PIL) and `CLIP.forward` (normalise
 from __future__ import annotations
 
 import json
-import socket
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +18,8 @@ from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards import build_reward, known_rewards
 from sanarl.rewards.hpsv2 import HPS_FILE, HPSv2
 
+pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
+
 open_clip = pytest.importorskip("open_clip")
 
 TINY = {
@@ -27,21 +28,6 @@ TINY = {
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
 }
 PROMPTS = ["a red cat", "a dog on a skateboard", "x", "two green birds", "a very small blue house on a hill"]
-
-
-@pytest.fixture(autouse=True)
-def network(monkeypatch):
-    """The network is cut (DNS and connect raise) and no test may try to use it."""
-    attempts: list = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network disabled in this test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    yield attempts
-    assert attempts == [], f"a test tried to reach the network: {attempts}"
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import json
 import math
-import socket
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,6 +25,8 @@ from sanarl.rewards import build_reward, known_rewards
 if importlib.util.find_spec("ImageReward") is None or importlib.util.find_spec("fairscale") is None:
     pytest.skip("image-reward / fairscale not installed (see docs/rewards.md)", allow_module_level=True)
 from sanarl.rewards.imagereward import ImageReward, VitGeometry, build_model, load_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
 
 WORDS = ["a", "red", "cat", "dog", "photo", "of", "blue", "house"]
 MED = {
@@ -48,20 +49,6 @@ MED = {
     "add_cross_attention": True,
 }
 PROMPTS = ["a red cat", "a photo of a dog", "blue house", "cat", "a photo of a red house of a blue dog"]
-
-
-@pytest.fixture(autouse=True)
-def network(monkeypatch):
-    attempts: list = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network disabled in this test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    yield attempts
-    assert attempts == [], f"a test tried to reach the network: {attempts}"
 
 
 @pytest.fixture(scope="module")
