@@ -43,13 +43,16 @@ def parse_methods(spec: str) -> list[str]:
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
-    """(rollout images generated, reward calls = images scored) for `steps` optimizer steps of `cfg`."""
+    """(rollout images generated, reward calls = images scored) for `steps` optimizer steps of `cfg` (RL: one
+    rollout per `optimizer_steps_per_rollout` steps)."""
     tp, ro = cfg.train.train_policy, cfg.rollout
     batch = cfg.train.train_batch_per_replica
     if tp.type == "sft" and tp.trainer_type == "soar":
         return steps * batch * tp.soar.num_rollout_paths, 0
     if tp.type == "sft":
         return 0, 0
+    spr = tp.optimizer_steps_per_rollout
+    steps = -(-steps // spr)  # rollouts: one per optimizer_steps_per_rollout optimizer steps
     if ro.family == "sol_rl":
         prompts = batch // ro.n_generation
         per_step = prompts * ((ro.num_candidates or ro.n_generation) + ro.n_generation)
