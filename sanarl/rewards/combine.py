@@ -154,7 +154,7 @@ class RewardFunction:
         """One reward's scores; internal failures become RewardFailure naming the reward (bad input stays a
         UserError, whose message already names the reward)."""
         try:
-            if images.ndim == 5:
+            if images.ndim == 5 and not getattr(self.rewards[name], "video_native", False):
                 rr = self.config
                 return score_video(
                     self.rewards[name],
