@@ -117,7 +117,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(launched, tm
     w1 = ddp_checks.weights(one)
     w2 = load_file(str(launched / "sft3_rank0.safetensors"))
     worst = max(float((w1[k] - w2[k]).abs().max()) for k in w2)
-    assert worst < 1e-5, worst
+    assert worst < 5e-5, worst  # AdamW after 3 steps: all-reduce order noise, amplified
 
 
 def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_groups(launched, tmp_path):

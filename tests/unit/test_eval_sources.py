@@ -59,7 +59,7 @@ def test_lora_checkpoint_restores_every_adapter_and_ema_of_default(tmp_path):
     run, cfg = _run(tmp_path, "tiny-shapes-nft")
     adapter = load_source(resolve_model("sanarl-tiny:shapes", cfg))
     module = adapter.transformer
-    _add_lora(module, cfg)
+    _add_lora(module, cfg, adapter.default_lora_targets)
     lora = lora_parameters(module)
     model = {k: torch.full_like(v, 0.02 if ".old." in k else 0.01) for k, v in lora.items()}
     ema = {k: torch.full_like(v, 0.05) for k, v in lora.items() if ".default." in k}
