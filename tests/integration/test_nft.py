@@ -210,3 +210,29 @@ def test_ranks_with_fewer_micro_batches_pad_with_zero_weight_batches(tmp_path, m
     assert loss.item() == 0.0
     grads = [p.grad for p in module.parameters() if p.requires_grad and p.grad is not None]
     assert all(float(g.abs().sum()) == 0.0 for g in grads)
+
+
+def test_held_out_rewards_and_wall_budget(tmp_path):
+    """validation.held_out_rewards are scored on the validation samples and logged as heldout/<reward>/<key>
+    (the reward-hacking guard); train.max_wall_minutes stops the run after the step that crosses it, then the run
+    checkpoints and exports as at a normal end."""
+    outcome = api.train(
+        loaded(
+            tmp_path,
+            "train.max_num_steps=50",
+            "train.max_wall_minutes=0.0001",
+            "validation.enable=true",
+            "validation.num_samples=4",
+            "validation.batch_size=4",
+            'validation.held_out_rewards=["jpeg_incompressibility"]',
+        ),
+        SHAPES,
+    )
+    assert outcome.result.steps == 1
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    held = [r for r in records if "heldout/jpeg_incompressibility/jpeg_incompressibility" in r]
+    assert [r["step"] for r in held] == [1]
+    value = held[0]["heldout/jpeg_incompressibility/jpeg_incompressibility"]
+    assert value > 0  # kilobytes of a JPEG q95: positive
+    assert (tmp_path / "checkpoints" / "step_00000001").is_dir()
+    assert (tmp_path / "export" / "pytorch_lora_weights.safetensors").is_file()
