@@ -16,6 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sanarl.config.schema import PolicyConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""`policy.diffusers.dtype` / `train.param_dtype` names -> torch dtypes."""
+
 
 @dataclass
 class Cond:
@@ -80,6 +85,23 @@ class DiffusionAdapter(ABC):
 
     def __init__(self) -> None:
         self.forward_module: nn.Module | None = None
+
+    @classmethod
+    def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:
+        """Load `pipeline_cls` from a local directory: the frozen text encoder and VAE in `policy.diffusers.dtype`
+        (kept on CPU with `offload`), the trained transformer in float32 master weights on `device`."""
+        dtype = DTYPES[policy.diffusers.dtype]
+        pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        if dtype != torch.float32:
+            pipe.transformer.to(dtype=torch.float32)
+        pipe.transformer.to(device)
+        if not policy.diffusers.offload:
+            pipe.vae.to(device)
+            pipe.text_encoder.to(device)
+        for module in (pipe.vae, pipe.text_encoder):
+            module.requires_grad_(False).eval()
+        return cls(pipe, policy, device)
 
     # --- family-specific ----------------------------------------------------------------------------------------
     @abstractmethod

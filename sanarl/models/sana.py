@@ -7,8 +7,6 @@ tiny CPU model). The transformer is called with the float timestep `1000 * s * t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from diffusers import SanaPipeline
 from torch import nn
@@ -16,8 +14,6 @@ from torch import nn
 from sanarl.config.schema import PolicyConfig
 from sanarl.models import pixel_ae  # noqa: F401  (diffusers loads the tiny models' VAE by this module name)
 from sanarl.models.base import Cond, DiffusionAdapter
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class SanaAdapter(DiffusionAdapter):
@@ -48,22 +44,6 @@ class SanaAdapter(DiffusionAdapter):
         self.offload = policy.diffusers.offload
         sched = pipeline.scheduler.config
         self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
-
-    @classmethod
-    def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SanaAdapter:
-        """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`."""
-        dtype = DTYPES[policy.diffusers.dtype]
-        pipe = SanaPipeline.from_pretrained(str(directory), dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        if dtype != torch.float32:  # the trained module keeps float32 master weights
-            pipe.transformer.to(dtype=torch.float32)
-        pipe.transformer.to(device)
-        if not policy.diffusers.offload:
-            pipe.vae.to(device)
-            pipe.text_encoder.to(device)
-        for module in (pipe.vae, pipe.text_encoder):
-            module.requires_grad_(False).eval()
-        return cls(pipe, policy, device)
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -17,7 +17,6 @@ clip's own frame count (`latent_shape(h, w, frames=T)`), so tasks never need to 
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import torch
 from diffusers import SanaVideoPipeline
@@ -27,7 +26,6 @@ from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
 from sanarl.models import tiny_video  # noqa: F401  (diffusers loads the pixel-space VAE by this module name)
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.models.sana import DTYPES
 
 FRAMES_KEY = "policy.diffusers.inference_frames"
 
@@ -92,22 +90,6 @@ class SanaVideoAdapter(DiffusionAdapter):
         self.latents_mean, self.latents_std = latent_stats(self.vae, channels)
         sched = pipeline.scheduler.config
         self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
-
-    @classmethod
-    def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SanaVideoAdapter:
-        """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`."""
-        dtype = DTYPES[policy.diffusers.dtype]
-        pipe = SanaVideoPipeline.from_pretrained(str(directory), dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        if dtype != torch.float32:  # the trained module keeps float32 master weights
-            pipe.transformer.to(dtype=torch.float32)
-        pipe.transformer.to(device)
-        if not policy.diffusers.offload:
-            pipe.vae.to(device)
-            pipe.text_encoder.to(device)
-        for module in (pipe.vae, pipe.text_encoder):
-            module.requires_grad_(False).eval()
-        return cls(pipe, policy, device)
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -26,9 +26,8 @@ from torch import nn
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.base import DTYPES, Cond, DiffusionAdapter
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 T5_LIMIT = 512
 """Longest `max_sequence_length` the pipeline accepts."""
