@@ -15,22 +15,25 @@ from sanarl.config.schema import PolicyConfig
 from sanarl.models import pixel_ae  # noqa: F401  (diffusers loads the tiny models' VAE by this module name)
 from sanarl.models.base import Cond, DiffusionAdapter
 
+SANA_LORA_TARGETS = (
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_k",
+    "attn2.to_v",
+    "attn2.to_out.0",
+)
+"""Self- and cross-attention projections of SANA (and SANA-Video) blocks, diffusers names (Cosmos-RL's targets)."""
+
 
 class SanaAdapter(DiffusionAdapter):
     """Adapter over a loaded SanaPipeline; the transformer is the trained module."""
 
     family = "sana"
     pipeline_cls = SanaPipeline
-    default_lora_targets = (
-        "attn1.to_q",
-        "attn1.to_k",
-        "attn1.to_v",
-        "attn1.to_out.0",
-        "attn2.to_q",
-        "attn2.to_k",
-        "attn2.to_v",
-        "attn2.to_out.0",
-    )
+    default_lora_targets = SANA_LORA_TARGETS
 
     def __init__(self, pipeline: SanaPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()

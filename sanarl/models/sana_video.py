@@ -26,6 +26,7 @@ from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
 from sanarl.models import tiny_video  # noqa: F401  (diffusers loads the pixel-space VAE by this module name)
 from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.sana import SANA_LORA_TARGETS
 
 FRAMES_KEY = "policy.diffusers.inference_frames"
 
@@ -62,16 +63,7 @@ class SanaVideoAdapter(DiffusionAdapter):
 
     family = "sana_video"
     pipeline_cls = SanaVideoPipeline
-    default_lora_targets = (
-        "attn1.to_q",
-        "attn1.to_k",
-        "attn1.to_v",
-        "attn1.to_out.0",
-        "attn2.to_q",
-        "attn2.to_k",
-        "attn2.to_v",
-        "attn2.to_out.0",
-    )
+    default_lora_targets = SANA_LORA_TARGETS
 
     def __init__(self, pipeline: SanaVideoPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()
