@@ -16,6 +16,21 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return arr.permute(0, 2, 3, 1).cpu().numpy()
 
 
+def grid_canvas(tiles: np.ndarray, captions: list[str], columns: int, tile: int) -> Image.Image:
+    """Tiles uint8 [B, H, W, 3] upscaled (nearest) to `tile` px in `columns` columns, each caption below its tile."""
+    rows = (len(tiles) + columns - 1) // columns
+    text_h = 34
+    canvas = Image.new("RGB", (columns * tile, rows * (tile + text_h)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, img in enumerate(tiles):
+        x, y = (i % columns) * tile, (i // columns) * (tile + text_h)
+        canvas.paste(Image.fromarray(img).resize((tile, tile), Image.NEAREST), (x, y))
+        caption = captions[i] if i < len(captions) else ""
+        lines = textwrap.wrap(caption, width=max(8, tile // 6))[:3]
+        draw.multiline_text((x + 2, y + tile + 1), "\n".join(lines), fill="black", spacing=0)
+    return canvas
+
+
 def save_grid(
     images: torch.Tensor,
     captions: list[str],
@@ -25,17 +40,7 @@ def save_grid(
     tile: int = 128,
 ) -> Path:
     """Write a PNG grid; each image is upscaled (nearest) to `tile` px with its caption below."""
-    arr = to_uint8(images)
-    rows = (len(arr) + columns - 1) // columns
-    text_h = 34
-    canvas = Image.new("RGB", (columns * tile, rows * (tile + text_h)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for i, img in enumerate(arr):
-        x, y = (i % columns) * tile, (i // columns) * (tile + text_h)
-        canvas.paste(Image.fromarray(img).resize((tile, tile), Image.NEAREST), (x, y))
-        caption = captions[i] if i < len(captions) else ""
-        lines = textwrap.wrap(caption, width=max(8, tile // 6))[:3]
-        draw.multiline_text((x + 2, y + tile + 1), "\n".join(lines), fill="black", spacing=0)
+    canvas = grid_canvas(to_uint8(images), captions, columns, tile)
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
     return path

@@ -10,14 +10,12 @@ H.264 (yuv420p) needs even sizes: odd frames are padded by one replicated row / 
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
 
-from sanarl.core.images import save_grid, to_uint8
+from sanarl.core.images import grid_canvas, save_grid, to_uint8
 
 DEFAULT_FPS = 8
 
@@ -86,20 +84,6 @@ def read_video(path: str | Path, start: int = 0, count: int | None = None) -> np
     return np.stack(out)
 
 
-def _grid_frame(tiles: np.ndarray, captions: list[str], columns: int, tile: int) -> np.ndarray:
-    """One grid frame: tiles uint8 [B, H, W, 3] upscaled to `tile` px, captions below -> uint8 [Hg, Wg, 3]."""
-    rows = (len(tiles) + columns - 1) // columns
-    text_h = 34
-    canvas = Image.new("RGB", (columns * tile, rows * (tile + text_h)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for i, img in enumerate(tiles):
-        x, y = (i % columns) * tile, (i // columns) * (tile + text_h)
-        canvas.paste(Image.fromarray(img).resize((tile, tile), Image.NEAREST), (x, y))
-        lines = textwrap.wrap(captions[i] if i < len(captions) else "", width=max(8, tile // 6))[:3]
-        draw.multiline_text((x + 2, y + tile + 1), "\n".join(lines), fill="black", spacing=0)
-    return np.asarray(canvas)
-
-
 def save_video_grid(
     clips: torch.Tensor,
     captions: list[str],
@@ -114,7 +98,7 @@ def save_video_grid(
         raise ValueError(f"save_video_grid takes clips [B, 3, T, H, W]; got shape {tuple(clips.shape)}")
     columns = max(1, min(columns, len(clips)))
     per_frame = [to_uint8(clips[:, :, t]) for t in range(clips.shape[2])]  # T x [B, H, W, 3]
-    frames = np.stack([_grid_frame(f, captions, columns, tile) for f in per_frame])
+    frames = np.stack([np.asarray(grid_canvas(f, captions, columns, tile)) for f in per_frame])
     return write_video(path, frames, fps=fps)
 
 
