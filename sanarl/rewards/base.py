@@ -168,13 +168,13 @@ class Reward(ABC):
         Samples with non-finite pixels are not scored: they get NaN for every key (dropped and counted by the
         combiner). Raises RewardInputError for bad inputs.
         """
-        images = check_images(images, self.name)
+        images = self.check_input(images)
         prompts, meta = check_batch(images, prompts, metadata, self.name)
         if not self._ready:
             self.setup(self.device)
         bad = ~torch.isfinite(images).flatten(1).all(dim=1)
         if bool(bad.any()):
-            images = torch.where(bad[:, None, None, None], torch.zeros_like(images), images)
+            images = torch.where(bad.view(-1, *[1] * (images.ndim - 1)), torch.zeros_like(images), images)
         with torch.no_grad():
             out = self._score(images, prompts, meta)
         scores = _normalise_output(out, self.keys, images.shape[0], self.name)
@@ -182,6 +182,10 @@ class Reward(ABC):
             nan, bad_cpu = torch.tensor(float("nan")), bad.cpu()
             scores = {key: torch.where(bad_cpu, nan, value) for key, value in scores.items()}
         return scores
+
+    def check_input(self, images: Any) -> torch.Tensor:
+        """Validate the batch layout and range (images `[B, 3, H, W]`; video-native rewards override this)."""
+        return check_images(images, self.name)
 
     @abstractmethod
     def _score(

@@ -12,14 +12,13 @@ factor). Keys:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from sanarl.datasets import shapes_video
 from sanarl.errors import DataError
-from sanarl.rewards.base import Reward, RewardInputError, _normalise_output, check_batch, check_images
+from sanarl.rewards.base import Reward, RewardInputError, check_images
 from sanarl.rewards.video import frames_as_images
 
 
@@ -49,22 +48,9 @@ class MotionReward(Reward):
     default_key = "direction"
     video_native = True
 
-    def score(
-        self,
-        images: torch.Tensor,
-        prompts: Sequence[str],
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """Scores `{key: Tensor[B]}` for clips `[B, C, T, H, W]` in [0, 1]; clips with non-finite pixels get NaN."""
-        clips = check_clips(images, self.name)
-        prompts, meta = check_batch(clips, prompts, metadata, self.name)
-        bad = ~torch.isfinite(clips).flatten(1).all(dim=1)
-        clips = torch.where(bad.view(-1, 1, 1, 1, 1), torch.zeros_like(clips), clips)
-        with torch.no_grad():
-            out = self._score(clips, prompts, meta)
-        scores = _normalise_output(out, self.keys, clips.shape[0], self.name)
-        nan = torch.tensor(float("nan"))
-        return {key: torch.where(bad.cpu(), nan, value) for key, value in scores.items()}
+    def check_input(self, images: Any) -> torch.Tensor:
+        """Clips `[B, C, T, H, W]` in [0, 1] (a video-native reward); non-finite clips get NaN as in `Reward.score`."""
+        return check_clips(images, self.name)
 
     def _score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
