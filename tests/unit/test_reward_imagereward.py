@@ -111,11 +111,11 @@ def test_plain_import_of_the_package_works_or_fails_only_on_its_training_extras(
     shim.import_image_reward()
     try:
         package = importlib.import_module("ImageReward")
-    except (
-        ModuleNotFoundError
-    ) as exc:  # ReFL needs `datasets`; openai-clip needs pkg_resources (setuptools<81)
+    except ModuleNotFoundError as exc:
+        # the package __init__ pulls its training extras (ReFL needs `datasets`; openai-clip needs pkg_resources):
+        # the only acceptable failure, and never a transformers-5 name the shim should have restored
         assert exc.name in {"datasets", "pkg_resources", "clip"}, exc
-        pytest.skip(f"`import ImageReward` needs {exc.name!r}, unrelated to transformers 5")
+        return
     assert package.ImageReward is importlib.import_module("ImageReward.ImageReward").ImageReward
 
 
