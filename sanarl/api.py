@@ -33,13 +33,18 @@ def quiet_libraries() -> None:
 
 
 def _accelerator(mixed_precision: str, cpu: bool):
-    """An Accelerator for this run. Several runs in one process (tests, notebooks) may differ in precision:
-    accelerate keeps its state process-wide, so that part is reset (the process group is kept)."""
+    """An Accelerator for this run (an FSDP launch on CPU processes shards too: `enable_fsdp_on_cpu`). Several runs
+    in one process (tests, notebooks) may differ in precision: accelerate keeps its state process-wide, so that
+    part is reset (the process group is kept)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
+    from sanarl.tasks.distributed import enable_fsdp_on_cpu
+
     AcceleratorState._reset_state(reset_partial_state=False)
-    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+    acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+    enable_fsdp_on_cpu(acc)
+    return acc
 
 
 def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_plan=None) -> TrainOutcome:

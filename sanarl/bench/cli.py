@@ -32,6 +32,9 @@ def shapes(
     ] = False,
     base_steps: Annotated[int, typer.Option(help="Steps of --rebuild-base.")] = 2250,
     resume: Annotated[bool, typer.Option(help="Skip finished method/seed runs (done.json).")] = False,
+    jobs: Annotated[
+        int, typer.Option(help="Method runs at a time, each in its own process with cores / jobs threads.")
+    ] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Extra override for every method.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")] = False,
 ):
@@ -45,12 +48,14 @@ def shapes(
         from sanarl.cli import out
         from sanarl.errors import UserError
 
-        if seeds < 1 or eval_ < 1 or budget_minutes <= 0 or eval_steps < 1:
-            raise UserError("`--seeds`, `--eval` and `--eval-steps` must be >= 1 and `--budget-minutes` > 0.")
+        if min(seeds, eval_, eval_steps, jobs) < 1 or budget_minutes <= 0:
+            raise UserError(
+                "`--seeds`, `--eval`, `--eval-steps` and `--jobs` must be >= 1 and `--budget-minutes` > 0."
+            )
         opts = BenchOptions(
             output=output, methods=parse_methods(methods), seeds=seeds, budget_minutes=budget_minutes,
             eval_num=eval_, eval_steps=eval_steps, resume=resume, rebuild_base=rebuild_base, base_steps=base_steps,
-            extra_overrides=set_ or [],
+            extra_overrides=set_ or [], jobs=jobs,
         )  # fmt: skip
         run_bench(opts, out)
         out.print(f"[bold green]done[/]: {output}/results.md, results.json, accuracy_vs_time.png, grids/")

@@ -45,6 +45,8 @@ class BenchOptions:
     rebuild_base: bool = False
     base_steps: int = 2250
     extra_overrides: list[str] = field(default_factory=list)
+    jobs: int = 1
+    """Method runs at a time, each in its own process with cpu_count // jobs torch threads (1: in this process)."""
 
 
 def eval_spec(adapter, size: int = 32, steps: int = 20) -> GenerationSpec:
@@ -177,6 +179,38 @@ def prepare_base(opts: BenchOptions, console: Console) -> str:
     return str(export_base(run_dir, target))
 
 
+def _run_method_job(
+    method: str, seed: int, opts: BenchOptions, base_model: str, threads: int
+) -> dict[str, Any]:
+    """`run_method` in a worker process of `--jobs N` (its own console and `threads` torch threads)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return run_method(method, seed, opts, held_out(opts), base_model, Console())
+
+
+def run_all_methods(opts: BenchOptions, rows: PromptSet, base_model: str, console: Console) -> list[dict]:
+    """Every (method, seed) record, in method-then-seed order; `opts.jobs` of them at a time."""
+    import os
+
+    pairs = [(m, s) for m in opts.methods for s in range(opts.seeds)]
+    if opts.jobs <= 1:
+        records = []
+        for n, (method, seed) in enumerate(pairs, 1):
+            console.print(f"[bold cyan]run {n}/{len(pairs)}[/]")
+            records.append(run_method(method, seed, opts, rows, base_model, console))
+        return records
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // opts.jobs)
+    console.print(f"[bold cyan]{len(pairs)} runs[/], {opts.jobs} at a time, {threads} thread(s) each")
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=opts.jobs, mp_context=context) as pool:
+        futures = [pool.submit(_run_method_job, m, s, opts, base_model, threads) for m, s in pairs]
+        return [f.result() for f in futures]
+
+
 def run_bench(opts: BenchOptions, console: Console | None = None) -> dict[str, Any]:
     """Run everything, write the report; returns results.json's content."""
     from sanarl.bench.report import write_report
@@ -186,8 +220,5 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> dict[str, A
     base_model = prepare_base(opts, console)
     rows = held_out(opts)
     records = [run_base(opts, rows, base_model, console)]
-    total = len(opts.methods) * opts.seeds
-    for n, (method, seed) in enumerate(((m, s) for m in opts.methods for s in range(opts.seeds)), 1):
-        console.print(f"[bold cyan]run {n}/{total}[/]")
-        records.append(run_method(method, seed, opts, rows, base_model, console))
+    records += run_all_methods(opts, rows, base_model, console)
     return write_report(opts, records, rows, console)

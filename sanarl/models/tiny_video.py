@@ -4,21 +4,27 @@
   random-init AutoencoderKLWan (factor 8 in space, 4 in time, 4 latent channels with non-trivial per-channel
   `latents_mean` / `latents_std`, so the normalisation is exercised) and a 1-layer Gemma-2 text encoder with a
   word-level tokenizer. Video frames T must be 4 k + 1 (the Wan VAE keeps the first frame and packs 4 per latent).
-- `shapes-video`: the CPU-trainable moving-shapes model. The same transformer class diffusing in pixel space
-  through `PixelVideoAutoencoder` (an exactly invertible identity "VAE", factor 1 in space and time), 8 frames of
-  16 x 16 px, patch (1, 4, 4) -> 128 tokens; ~0.35M parameters (a step of 4 clips ~0.15 s fwd+bwd on one idle
-  core); vocabulary = the shapes words plus the motion words.
+- `shapes-video`: the CPU-trainable moving-shapes model. `PositionalSanaVideoTransformer3DModel` (SANA-Video's
+  transformer plus a fixed 3-D sin-cos absolute position code, see its docstring) diffusing in pixel space through
+  `PixelVideoAutoencoder` (an exactly invertible identity "VAE", factor 1 in space and time), 8 frames of 16 x 16 px,
+  patch (1, 4, 4) -> 128 tokens; ~0.35M parameters (a step of 4 clips ~0.15 s fwd+bwd on one idle core); vocabulary
+  = the shapes words plus the motion words.
 
-`PixelVideoAutoencoder` lives here so diffusers can re-import it by this module name when loading a saved pipeline
-(`import sanarl.models.tiny_video` before `SanaVideoPipeline.from_pretrained(dir)` of a shapes-video export).
+`PixelVideoAutoencoder` and `PositionalSanaVideoTransformer3DModel` live here so diffusers can re-import them by this
+module name when loading a saved pipeline (`import sanarl.models.tiny_video` before
+`SanaVideoPipeline.from_pretrained(dir)` of a shapes-video export; model_index.json names this module).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from diffusers import SanaVideoTransformer3DModel
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.autoencoders.vae import DecoderOutput, EncoderOutput
 from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
 
 from sanarl.models.tiny import SHAPES_VOCABULARY, _gemma, word_tokenizer
 
@@ -64,11 +70,81 @@ class PixelVideoAutoencoder(ModelMixin, ConfigMixin):
         return DecoderOutput(sample=z) if return_dict else (z,)
 
 
-def _transformer(in_channels: int, heads: int, head_dim: int, layers: int, caption: int, patch: tuple):
-    from diffusers import SanaVideoTransformer3DModel
+def sincos_1d(positions: torch.Tensor, channels: int) -> torch.Tensor:
+    """Transformer sin-cos code of integer positions (Vaswani et al. 2017, sec. 3.5): [N] -> [N, channels].
 
+    Column k < channels / 2 is sin(p w_k), column channels / 2 + k is cos(p w_k), with w_k = 10000^(-2k / channels).
+    `channels` must be even.
+    """
+    half = channels // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64) * 2.0 / channels)
+    angles = positions.to(torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+
+def sincos_3d(frames: int, height: int, width: int, channels: int) -> torch.Tensor:
+    """Fixed 3-D absolute position code of a (frame, row, col) token grid: [channels, frames, height, width].
+
+    As DiT / PixArt's 2-D sin-cos table, extended to three axes: each axis gets `2 * (channels // 6)` channels of
+    `sincos_1d` of its integer index (frame t, row i, col j), in that order; the remaining channels (channels mod 6,
+    plus rounding) are zero. float32.
+    """
+    per_axis = 2 * (channels // 6)
+    code = torch.zeros(channels, frames, height, width, dtype=torch.float64)
+    for axis, n in enumerate((frames, height, width)):
+        table = sincos_1d(torch.arange(n), per_axis).T  # [per_axis, n]
+        shape = [per_axis, 1, 1, 1]
+        shape[axis + 1] = n
+        code[axis * per_axis : (axis + 1) * per_axis] = table.reshape(shape)
+    return code.float()
+
+
+class PositionalPatchEmbed3d(nn.Conv3d):
+    """SANA-Video's patch embedding (a strided Conv3d, same weights and state-dict keys) plus `sincos_3d` of the
+    output grid: x [B, C_in, T, H, W] -> [B, D, T / p_t, H / p_h, W / p_w]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        _, channels, frames, height, width = out.shape
+        return out + sincos_3d(frames, height, width, channels).to(out.device, out.dtype)
+
+
+class PositionalSanaVideoTransformer3DModel(SanaVideoTransformer3DModel):
+    """SanaVideoTransformer3DModel with a fixed 3-D sin-cos absolute position code added after the patch embedding.
+
+    A deliberate deviation from real SANA-Video, for the CPU stand-in only. SANA-Video has no absolute position
+    information: its 3-D RoPE is relative, its linear attention cannot attend sharply, and only the zero padding of
+    the Mix-FFN convolutions leaks where a token is. At 480x832 that is enough, but the tiny moving-shapes model
+    (4 x 4 x 8 tokens) must put the object at frame-dependent absolute positions ("moving right" starts in the left
+    40% and ends in the right 40%), and without a position code it provably does not: from pure noise its mean
+    prediction for every direction sits static in the centre, so the motion reward has nothing to amplify. The code
+    (`sincos_3d`, as DiT / PixArt add a 2-D one) has no parameters and no config keys: the constructor, the config,
+    the state-dict keys and LoRA targets are exactly SanaVideoTransformer3DModel's.
+    """
+
+    @functools.wraps(
+        SanaVideoTransformer3DModel.__init__
+    )  # keeps the parent's signature for diffusers' config
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        conv = self.patch_embedding
+        self.patch_embedding = PositionalPatchEmbed3d(
+            conv.in_channels, conv.out_channels, kernel_size=conv.kernel_size, stride=conv.stride
+        )
+        self.patch_embedding.load_state_dict(conv.state_dict())
+
+
+def _transformer(
+    in_channels: int,
+    heads: int,
+    head_dim: int,
+    layers: int,
+    caption: int,
+    patch: tuple,
+    cls: type = SanaVideoTransformer3DModel,
+):
     width = heads * head_dim
-    return SanaVideoTransformer3DModel(
+    return cls(
         in_channels=in_channels,
         out_channels=in_channels,
         num_attention_heads=heads,
@@ -112,7 +188,7 @@ def build_sana_video_pipeline(seed: int = 0):
 
 
 def build_shapes_video_pipeline(seed: int = 0):
-    """The CPU moving-shapes model: pixel-space SANA-Video, 16 x 16 px clips, patch (1, 4, 4)."""
+    """The CPU moving-shapes model: pixel-space SANA-Video with absolute positions, 16 x 16 px clips, patch (1, 4, 4)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SanaVideoPipeline
 
     torch.manual_seed(seed)
@@ -121,6 +197,14 @@ def build_shapes_video_pipeline(seed: int = 0):
         tokenizer=tokenizer,
         text_encoder=_gemma(len(tokenizer), 64),
         vae=PixelVideoAutoencoder(in_channels=3, z_dim=3),
-        transformer=_transformer(3, heads=4, head_dim=16, layers=4, caption=64, patch=(1, 4, 4)),
+        transformer=_transformer(
+            3,
+            heads=4,
+            head_dim=16,
+            layers=4,
+            caption=64,
+            patch=(1, 4, 4),
+            cls=PositionalSanaVideoTransformer3DModel,
+        ),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
     )

@@ -16,6 +16,7 @@ from sanarl.config.schema import Config
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
 from sanarl.errors import ConfigError
 from sanarl.models.base import DiffusionAdapter
+from sanarl.tasks.distributed import load_full_state
 
 
 def per_rank_batch(cfg: Config, world: int) -> int:
@@ -85,8 +86,7 @@ class Task(ABC):
 
     @torch.no_grad()
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        module = self.adapter.trainable_module()
-        missing, unexpected = module.load_state_dict(tensors, strict=False)
+        unexpected = load_full_state(self.adapter.trainable_module(), tensors)
         expected = set(self.state_tensors())
         lost = [k for k in expected if k not in tensors]
         if lost or unexpected:

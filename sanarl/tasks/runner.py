@@ -35,6 +35,16 @@ from sanarl.core.tracking import MetricsLogger, plot_metrics
 from sanarl.errors import ConfigError, UserError
 from sanarl.tasks.base import Task
 from sanarl.tasks.data import step_generator
+from sanarl.tasks.distributed import (
+    full_parameters,
+    full_tensors,
+    gathered_optimizer_state,
+    is_fsdp,
+    load_optimizer_state,
+    reduce_metrics,
+    scalar,
+    shard_like,
+)
 from sanarl.tasks.sampling import GenerationSpec, generate_images
 
 MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
@@ -100,131 +110,11 @@ def prepare_run_dir(output_dir: str) -> Path:
     return run_dir
 
 
-# --- distributed helpers (DDP: no-ops; FSDP2: gather / scatter DTensor shards) ----------------------------------
-def is_fsdp(acc: Accelerator) -> bool:
-    """Did accelerate wrap the model with FSDP (`accelerate launch --use_fsdp` or an FSDP config file)?"""
-    from accelerate.utils import DistributedType
-
-    return acc.distributed_type == DistributedType.FSDP
-
-
-def check_fsdp_supported(acc: Accelerator) -> None:
-    """FSDP was asked for but accelerate fell back (on CPU it only knows DDP over gloo): refuse, naming the fix."""
-    wanted = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
-    if wanted and not is_fsdp(acc):
-        raise ConfigError(
-            f"FSDP was requested (accelerate config `distributed_type: FSDP` / `--use_fsdp`) but this run is "
-            f"{acc.distributed_type.value} on {acc.device.type}: accelerate shards models with FSDP on GPUs (and "
-            "other accelerators) only, and on CPU would silently replicate the model instead. Launch on GPUs, or use "
-            "DDP (`accelerate launch --multi_gpu --num_processes N` or configs/accelerate/ddp_8gpu.yaml)."
-        )
-
-
-def _is_dtensor(t: object) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
-
-
-def full_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each tensor whole: DTensor shards all-gathered (a collective: every rank calls, in the same key order)."""
-    return {k: (v.full_tensor() if _is_dtensor(v) else v).detach() for k, v in named.items()}
-
-
-def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`full` on the device / dtype of `like`, sharded like it when `like` is a DTensor (FSDP)."""
-    if not _is_dtensor(like):
-        return full.to(device=like.device, dtype=like.dtype).clone()
-    from torch.distributed.tensor import distribute_tensor
-
-    local = full.to(device=like.device, dtype=like.dtype)
-    return distribute_tensor(local, like.device_mesh, like.placements)
-
-
-@contextlib.contextmanager
-def full_parameters(module: torch.nn.Module, *, write_back: bool = False):
-    """Inside the block `module` is a plain module: every FSDP2 shard (DTensor parameter) is replaced by its
-    gathered full tensor and FSDP's dynamic classes by the model's own (diffusers writes the class name into
-    config.json). Every rank must enter (all-gather). With `write_back` the full values are scattered back into
-    the shards on exit (checkpoint loading). Without FSDP this does nothing."""
-    from torch.distributed.fsdp import FSDPModule
-
-    swapped, classes = [], []
-    for mod in module.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None and _is_dtensor(p):
-                mod._parameters[name] = torch.nn.Parameter(p.full_tensor().detach(), p.requires_grad)
-                swapped.append((mod, name, p))
-        if isinstance(mod, FSDPModule):
-            classes.append((mod, mod.__class__))
-            mod.__class__ = next(c for c in mod.__class__.__mro__[1:] if not issubclass(c, FSDPModule))
-    try:
-        yield
-    finally:
-        for mod, cls in classes:
-            mod.__class__ = cls
-        with torch.no_grad():
-            for mod, name, p in swapped:
-                if write_back:
-                    p.copy_(shard_like(mod._parameters[name].detach(), p))
-                mod._parameters[name] = p
-
-
-def gathered_optimizer_state(acc: Accelerator, module: torch.nn.Module, optimizer) -> dict:
-    """The optimizer state to checkpoint: as is (DDP), or FSDP's full state dict keyed by parameter names (rank 0
-    gets it, the others an empty dict)."""
-    if not is_fsdp(acc):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(module, optimizer.optimizer, options=options)
-
-
-def load_optimizer_state(acc: Accelerator, module: torch.nn.Module, optimizer, state: dict) -> None:
-    """Inverse of `gathered_optimizer_state` (FSDP: every rank passes the full state, each keeps its shard)."""
-    if not is_fsdp(acc):
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(module, optimizer.optimizer, optim_state_dict=state, options=options)
-
-
-def scalar(value: torch.Tensor | float) -> float:
-    """A Python float of a (possibly DTensor) scalar."""
-    if _is_dtensor(value):
-        value = value.full_tensor()
-    return float(value)
-
-
-def reduce_metrics(acc: Accelerator, metrics: dict[str, float]) -> dict[str, float]:
-    """Step metrics over all ranks (one all-gather): keys ending in `min` / `max` take the min / max, all others
-    the mean (ranks hold equal shares of the global batch, so the mean of per-rank means is the global mean)."""
-    if acc.num_processes == 1:
-        return metrics
-    from accelerate.utils import gather_object
-
-    per_rank = gather_object([metrics])
-    out = {}
-    for key in metrics:
-        values = [m[key] for m in per_rank if key in m]
-        if key.endswith("min"):
-            out[key] = min(values)
-        elif key.endswith("max"):
-            out[key] = max(values)
-        else:
-            out[key] = sum(values) / len(values)
-    return out
-
-
 class Runner:
     """Owns the loop; the task owns data and objective."""
 
     def __init__(self, cfg: Config, task: Task, accelerator: Accelerator, run_dir: Path) -> None:
         self.cfg, self.task, self.acc, self.run_dir = cfg, task, accelerator, run_dir
-        check_fsdp_supported(accelerator)
         self.console = Console()
         self.ckpt_root = run_dir / "checkpoints"
         if not task.trainable_parameters():
@@ -307,8 +197,7 @@ class Runner:
                 "per (seed, step, rank), so only then does the run continue exactly), or start a new run from its "
                 "export (docs/multi-gpu.md, 'Resuming')."
             )
-        with full_parameters(self.wrapped, write_back=True):
-            self.task.load_state_tensors(tensors["model"])
+        self.task.load_state_tensors(tensors["model"])  # FSDP: every rank keeps its shard
         load_optimizer_state(self.acc, self.wrapped, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and "ema" in tensors:

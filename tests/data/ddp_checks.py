@@ -1,11 +1,10 @@
 """Launched by accelerate in test_multiprocess.py (2 processes, gloo on CPU); its functions also run in-process as
 the 1-process reference. One launch covers: SFT under DDP (weights equal across ranks, disjoint reads, rank-0-only
-files, resume equals an uninterrupted run), NFT (advantages over all ranks' rewards) and the FSDP-on-CPU refusal."""
+files, resume equals an uninterrupted run), NFT (advantages over all ranks' rewards) and the FSDP2 gather / scatter helpers under torch's own `fully_shard`."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -67,28 +66,14 @@ def weights(outcome) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in outcome.task.adapter.transformer.state_dict().items()}
 
 
-def fsdp_refusal(out: Path) -> str:
-    """The message a CPU run gets when FSDP is requested ('' if it was not refused)."""
-    from sanarl.errors import ConfigError
-
-    os.environ["ACCELERATE_USE_FSDP"] = "true"
-    try:
-        sft(out, 1)
-    except ConfigError as err:
-        return str(err)
-    finally:
-        del os.environ["ACCELERATE_USE_FSDP"]
-    return ""
-
-
 def fsdp_helpers(out: Path, rank: int) -> dict:
     """The runner's FSDP helpers on a tiny SANA transformer sharded with torch's own `fully_shard` over gloo
-    (accelerate does not shard on CPU): gather for save / export, scatter back for resume."""
+    (independent of accelerate): gather for save / export, load full tensors into the shards for resume."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     from sanarl.models import load_adapter
-    from sanarl.tasks.runner import full_parameters, full_tensors, shard_like
+    from sanarl.tasks.distributed import full_parameters, full_tensors, load_full_state, shard_like
 
     cfg = load_config(ROOT / "presets" / "tiny-shapes-sft.toml", []).config
     module = load_adapter(cfg.policy, "cpu").transformer
@@ -106,9 +91,8 @@ def fsdp_helpers(out: Path, rank: int) -> dict:
         )
         if rank == 0:
             module.save_pretrained(str(out / "fsdp_export"))
-    with full_parameters(module, write_back=True), torch.no_grad():
-        for param in module.parameters():
-            param.add_(1.0)
+    shifted = {k: v + 1.0 for k, v in reference.items()}
+    unexpected = load_full_state(module, {**shifted, "not.a.key": torch.zeros(1)})
     still_sharded = all(isinstance(p, DTensor) for p in module.parameters())
     after = full_tensors(dict(module.named_parameters()))
     written_back = all(torch.equal(v, reference[k] + 1.0) for k, v in after.items())
@@ -121,6 +105,7 @@ def fsdp_helpers(out: Path, rank: int) -> dict:
         "still_sharded": still_sharded,
         "written_back": written_back,
         "reshard_ok": reshard_ok,
+        "unexpected": unexpected,
         "class": type(module).__name__,
     }
 
@@ -141,7 +126,6 @@ def main(out: Path) -> None:
         "world": a.task.world,
         "reads": reads,
         "advantages": advantages,
-        "fsdp_refusal": fsdp_refusal(out / "fsdp"),
         "fsdp_helpers": fsdp_helpers(out, rank),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(report))

@@ -1,4 +1,5 @@
-"""Launched by accelerate with configs/accelerate/fsdp_8gpu.yaml in tests/gpu/test_fsdp.py (one process per GPU):
+"""Launched by accelerate with an FSDP2 config: configs/accelerate/fsdp_cpu.yaml (2 CPU processes, gloo) in
+tests/integration/test_multiprocess.py and configs/accelerate/fsdp_8gpu.yaml in tests/gpu/test_fsdp.py (one per GPU):
 SFT (full fine-tune) and NFT (LoRA) under FSDP2, with checkpoint, resume and export; dumps gathered weights."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_checks import nft, sft, weights  # noqa: E402
 
-from sanarl.tasks.runner import full_parameters  # noqa: E402
+from sanarl.tasks.distributed import full_parameters  # noqa: E402
 
 
 def gathered(outcome) -> dict:

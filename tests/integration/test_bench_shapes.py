@@ -1,4 +1,5 @@
-"""A shortened `sanarl bench shapes` (tiny budget, 1 seed, 2 methods, 16 eval samples): files, table, resume."""
+"""A shortened `sanarl bench shapes` (tiny budget, 1 seed, 2 methods, 16 eval samples): files, table, resume;
+the first run uses two worker processes (`--jobs 2`), the resumed one runs in process."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ SMALL = (
 
 def test_short_bench_writes_table_plot_grids_and_resumes(run_cli, tmp_path):
     out = tmp_path / "bench"
-    code, stdout, stderr = run_cli("bench", "shapes", *SMALL, "--output", out)
+    code, stdout, stderr = run_cli("bench", "shapes", *SMALL, "--output", out, "--jobs", "2")
     assert code == 0, stderr
+    assert "2 runs, 2 at a time" in stdout  # two worker processes
     results = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in results["methods"]}
     assert list(rows) == ["base", "sft-more", "soar"]

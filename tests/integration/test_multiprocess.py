@@ -4,7 +4,9 @@ tests/data/ddp_checks.py, whose results are checked here against 1-process runs 
 Checked: DDP ranks end with identical weights; each rank reads a disjoint half of the global batch; 2 processes
 equal 1 process with the same global batch (loss and weights, given the same per-rank noise); only rank 0 writes
 (one checkpoint layout, no per-rank files); resume in 2 processes equals an uninterrupted run; NFT advantages are
-computed over all ranks' rewards (global std) and each rank keeps its slice; FSDP on CPU is refused with a message.
+computed over all ranks' rewards (global std) and each rank keeps its slice. A second launch runs the same
+functions under FSDP2 (configs/accelerate/fsdp_cpu.yaml): sharded training, resume and export work, and FSDP ends
+where DDP ends.
 """
 
 from __future__ import annotations
@@ -142,15 +144,46 @@ def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_group
     assert torch.allclose(torch.tensor(one["adv"], dtype=torch.float64), adv, atol=1e-5)
 
 
-def test_fsdp_on_cpu_is_refused_with_the_fix(launched):
-    message = _report(launched, 0)["fsdp_refusal"]
-    assert "FSDP" in message and "MULTI_CPU" in message and "--multi_gpu" in message
+@pytest.fixture(scope="module")
+def launched_fsdp(tmp_path_factory) -> Path:
+    """The same SFT / NFT functions under FSDP2 over 2 CPU processes (configs/accelerate/fsdp_cpu.yaml)."""
+    out = tmp_path_factory.mktemp("fsdp")
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp_cpu.yaml"),
+        str(ROOT / "tests" / "data" / "ddp_fsdp.py"), str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def test_fsdp_on_cpu_shards_trains_resumes_and_exports(launched_fsdp):
+    from fsdp_expectations import check_fsdp_launch
+
+    check_fsdp_launch(launched_fsdp, world=2)
+
+
+def test_fsdp_equals_ddp_with_the_same_global_batch(launched, launched_fsdp):
+    """Same data, noise and global batch: FSDP2 (reduce-scatter of gradients, sharded AdamW) and DDP (all-reduce,
+    replicated AdamW) end at the same weights, up to reduction-order noise; so do the NFT LoRA runs."""
+    from fsdp_expectations import gathered
+
+    for name in ("sft3", "nft"):
+        ddp, fsdp = gathered(launched, name), gathered(launched_fsdp, name)
+        assert set(ddp) == set(fsdp), name
+        worst = max(float((ddp[k] - fsdp[k]).abs().max()) for k in ddp)
+        assert worst < 5e-5, (name, worst)
+    initial = load_file(str(launched / "fsdp_reference.safetensors"))  # the model before training
+    sft3 = gathered(launched_fsdp, "sft3")
+    assert max(float((sft3[k] - initial[k]).abs().max()) for k in initial) > 1e-3  # training moved it
 
 
 def test_fsdp_helpers_gather_for_export_and_scatter_back_for_resume(launched):
     """torch's fully_shard over gloo (what accelerate's FSDP2 does on GPUs): under `full_parameters` the sharded
-    model is a plain one (state_dict of full tensors, diffusers' own class name in the export), and writing into it
-    with write_back lands in the shards."""
+    model is a plain one (state_dict of full tensors, diffusers' own class name in the export), and full tensors
+    loaded with `load_full_state` land in the shards."""
     from diffusers import SanaTransformer2DModel
 
     for rank in (0, 1):
@@ -161,6 +194,7 @@ def test_fsdp_helpers_gather_for_export_and_scatter_back_for_resume(launched):
             "still_sharded": True,
             "written_back": True,
             "reshard_ok": True,
+            "unexpected": ["not.a.key"],
             "class": "FSDPSanaTransformer2DModel",
         }
     exported = SanaTransformer2DModel.from_pretrained(str(launched / "fsdp_export")).state_dict()

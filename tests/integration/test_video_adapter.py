@@ -132,3 +132,95 @@ def test_saved_pipeline_loads_in_diffusers(adapter, tmp_path):
     assert isinstance(pipe, SanaVideoPipeline)
     for name, value in adapter.transformer.state_dict().items():
         assert torch.equal(pipe.transformer.state_dict()[name], value), name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The moving-shapes model's absolute position code (PositionalSanaVideoTransformer3DModel)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_sincos_1d_hand_values():
+    from sanarl.models.tiny_video import sincos_1d
+
+    code = sincos_1d(torch.tensor([0, 1, 3]), 4)  # w = (1, 10000^-1/2 = 0.01)
+    expected = [
+        [0.0, 0.0, 1.0, 1.0],
+        [np.sin(1.0), np.sin(0.01), np.cos(1.0), np.cos(0.01)],
+        [np.sin(3.0), np.sin(0.03), np.cos(3.0), np.cos(0.03)],
+    ]
+    torch.testing.assert_close(code, torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_sincos_3d_gives_each_axis_its_own_channel_block():
+    from sanarl.models.tiny_video import sincos_1d, sincos_3d
+
+    code = sincos_3d(3, 2, 4, 14)  # 2 * (14 // 6) = 4 channels per axis, channels 12-13 zero
+    assert code.shape == (14, 3, 2, 4) and code.dtype == torch.float32
+    for t, i, j in [(0, 0, 0), (2, 1, 3), (1, 0, 2)]:
+        column = code[:, t, i, j].double()
+        torch.testing.assert_close(column[0:4], sincos_1d(torch.tensor([t]), 4)[0], atol=1e-7, rtol=0)
+        torch.testing.assert_close(column[4:8], sincos_1d(torch.tensor([i]), 4)[0], atol=1e-7, rtol=0)
+        torch.testing.assert_close(column[8:12], sincos_1d(torch.tensor([j]), 4)[0], atol=1e-7, rtol=0)
+        assert column[12:].abs().max().item() == 0.0
+    flat = code.flatten(1).T  # [tokens, channels]: every (frame, row, col) token has a distinct code
+    assert torch.cdist(flat, flat).add(torch.eye(len(flat)) * 10).min().item() > 0.1
+
+
+@pytest.fixture(scope="module")
+def shapes_video_pipeline():
+    from diffusers import SanaVideoPipeline
+
+    import sanarl.models.tiny_video  # noqa: F401  (diffusers re-imports the model classes by this module name)
+    from sanarl.models.tiny import ensure_tiny_pipeline
+
+    return SanaVideoPipeline.from_pretrained(str(ensure_tiny_pipeline("shapes-video")))
+
+
+def test_position_code_is_added_to_the_patch_embedding_and_nothing_else(shapes_video_pipeline):
+    """Oracle: the plain SanaVideoTransformer3DModel with the same weights and a hook adding sincos_3d to the patch
+    embedding output gives the same velocity; without the hook it differs (the code is not vacuous)."""
+    from diffusers import SanaVideoTransformer3DModel
+
+    from sanarl.models.tiny_video import PositionalSanaVideoTransformer3DModel, sincos_3d
+
+    ours = shapes_video_pipeline.transformer
+    assert isinstance(ours, PositionalSanaVideoTransformer3DModel)
+    plain = SanaVideoTransformer3DModel.from_config(ours.config)
+    plain.load_state_dict(ours.state_dict())  # same keys: LoRA targets and checkpoints are unchanged
+    torch.manual_seed(0)
+    x, text, step = torch.randn(2, 3, 8, 16, 16), torch.randn(2, 4, 64), torch.tensor([900.0, 300.0])
+    with torch.no_grad():
+        expected_without = plain(x, encoder_hidden_states=text, timestep=step)[0]
+        hook = plain.patch_embedding.register_forward_hook(lambda m, i, out: out + sincos_3d(8, 4, 4, 64))
+        expected = plain(x, encoder_hidden_states=text, timestep=step)[0]
+        hook.remove()
+        got = ours(x, encoder_hidden_states=text, timestep=step)[0]
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    assert (got - expected_without).abs().max().item() > 1e-2
+
+
+def test_positional_transformer_round_trips_through_diffusers(shapes_video_pipeline, tmp_path):
+    """model_index.json names this module, so SanaVideoPipeline.from_pretrained rebuilds the subclass with the same
+    config and weights."""
+    import json
+
+    from diffusers import SanaVideoPipeline
+
+    from sanarl.models.tiny_video import PositionalPatchEmbed3d
+
+    shapes_video_pipeline.save_pretrained(str(tmp_path))
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["transformer"] == ["sanarl.models.tiny_video", "PositionalSanaVideoTransformer3DModel"]
+    loaded = SanaVideoPipeline.from_pretrained(str(tmp_path)).transformer
+    assert isinstance(loaded.patch_embedding, PositionalPatchEmbed3d)
+    config = {k: v for k, v in loaded.config.items() if k != "_name_or_path"}
+    assert config == {
+        k: v for k, v in shapes_video_pipeline.transformer.config.items() if k != "_name_or_path"
+    }
+    assert config["_class_name"] == "PositionalSanaVideoTransformer3DModel" and config["patch_size"] == [
+        1,
+        4,
+        4,
+    ]
+    for name, value in shapes_video_pipeline.transformer.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
