@@ -19,7 +19,7 @@ from sanarl.errors import DataError
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_TARGET = ROOT / "models" / "tiny-shapes-base"
 RECIPE_PRESET = "tiny-shapes-sft"
-BASE_STEPS = 2250
+BASE_STEPS = 3675
 """Steps of the shipped base (docs/results.md)."""
 
 

@@ -21,7 +21,7 @@ DEFAULT_METHODS = "nft,nft-solrl,grpo,soar,sft-more"
 def shapes(
     budget_minutes: Annotated[
         float, typer.Option(help="Training wall-clock minutes per method and seed.")
-    ] = 10.0,
+    ] = 4.0,
     seeds: Annotated[int, typer.Option(help="Seeds per method (train.seed = 0..S-1).")] = 3,
     methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = DEFAULT_METHODS,
     eval_: Annotated[int, typer.Option("--eval", help="Held-out samples per evaluation.")] = 512,
@@ -30,11 +30,11 @@ def shapes(
     rebuild_base: Annotated[
         bool, typer.Option(help="Retrain the base from its recipe into <output>.")
     ] = False,
-    base_steps: Annotated[int, typer.Option(help="Steps of --rebuild-base.")] = 2250,
+    base_steps: Annotated[int, typer.Option(help="Steps of --rebuild-base.")] = 3675,
     resume: Annotated[bool, typer.Option(help="Skip finished method/seed runs (done.json).")] = False,
     jobs: Annotated[
         int, typer.Option(help="Method runs at a time, each in its own process with cores / jobs threads.")
-    ] = 1,
+    ] = 2,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Extra override for every method.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")] = False,
 ):

@@ -37,13 +37,13 @@ class BenchOptions:
     output: Path
     methods: list[str]
     seeds: int = 3
-    budget_minutes: float = 10.0
+    budget_minutes: float = 4.0
     eval_num: int = 512
     eval_steps: int = 20
     batch_size: int = 64
     resume: bool = False
     rebuild_base: bool = False
-    base_steps: int = 2250
+    base_steps: int = 3675
     extra_overrides: list[str] = field(default_factory=list)
     jobs: int = 1
     """Method runs at a time, each in its own process with cpu_count // jobs torch threads (1: in this process)."""
