@@ -23,7 +23,7 @@ import torch
 from sanarl.errors import WeightsError
 from sanarl.models.loading import cache_dir
 
-TINY_VERSION = 1
+TINY_VERSION = 2
 
 SHAPES_VOCABULARY: tuple[str, ...] = tuple(
     """a an the and of to with on in at is are there photo image picture

@@ -115,17 +115,18 @@ class PositionalSanaVideoTransformer3DModel(SanaVideoTransformer3DModel):
     A deliberate deviation from real SANA-Video, for the CPU stand-in only. SANA-Video has no absolute position
     information: its 3-D RoPE is relative, its linear attention cannot attend sharply, and only the zero padding of
     the Mix-FFN convolutions leaks where a token is. At 480x832 that is enough, but the tiny moving-shapes model
-    (4 x 4 x 8 tokens) must put the object at frame-dependent absolute positions ("moving right" starts in the left
-    40% and ends in the right 40%), and without a position code it provably does not: from pure noise its mean
-    prediction for every direction sits static in the centre, so the motion reward has nothing to amplify. The code
-    (`sincos_3d`, as DiT / PixArt add a 2-D one) has no parameters and no config keys: the constructor, the config,
-    the state-dict keys and LoRA targets are exactly SanaVideoTransformer3DModel's.
+    (8 x 4 x 4 tokens) must put the object at frame-dependent absolute positions ("moving right" starts in the left
+    40% and ends in the right 40%); without a position code its mean prediction from pure noise was measured static
+    in the centre for every direction. The code (`sincos_3d`, as DiT / PixArt add a 2-D one) makes that mapping
+    representable; whether training ties it to the caption's direction word is measured in docs/video.md. It has no
+    parameters and no config keys: the constructor, the config, the state-dict keys and the LoRA targets are exactly
+    SanaVideoTransformer3DModel's.
     """
 
-    @functools.wraps(
-        SanaVideoTransformer3DModel.__init__
-    )  # keeps the parent's signature for diffusers' config
+    @functools.wraps(SanaVideoTransformer3DModel.__init__)
     def __init__(self, *args, **kwargs) -> None:
+        """SanaVideoTransformer3DModel's arguments (functools.wraps exposes its signature, which diffusers reads to
+        save and reload the config); the patch embedding keeps its weights and gains the position code."""
         super().__init__(*args, **kwargs)
         conv = self.patch_embedding
         self.patch_embedding = PositionalPatchEmbed3d(

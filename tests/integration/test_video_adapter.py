@@ -186,12 +186,13 @@ def test_position_code_is_added_to_the_patch_embedding_and_nothing_else(shapes_v
     ours = shapes_video_pipeline.transformer
     assert isinstance(ours, PositionalSanaVideoTransformer3DModel)
     plain = SanaVideoTransformer3DModel.from_config(ours.config)
+    width = ours.config.num_attention_heads * ours.config.attention_head_dim
     plain.load_state_dict(ours.state_dict())  # same keys: LoRA targets and checkpoints are unchanged
     torch.manual_seed(0)
     x, text, step = torch.randn(2, 3, 8, 16, 16), torch.randn(2, 4, 64), torch.tensor([900.0, 300.0])
     with torch.no_grad():
         expected_without = plain(x, encoder_hidden_states=text, timestep=step)[0]
-        hook = plain.patch_embedding.register_forward_hook(lambda m, i, out: out + sincos_3d(8, 4, 4, 64))
+        hook = plain.patch_embedding.register_forward_hook(lambda m, i, out: out + sincos_3d(8, 4, 4, width))
         expected = plain(x, encoder_hidden_states=text, timestep=step)[0]
         hook.remove()
         got = ours(x, encoder_hidden_states=text, timestep=step)[0]
