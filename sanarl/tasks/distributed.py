@@ -1,5 +1,6 @@
 """Distributed helpers of the runner: DDP needs none of them (they are no-ops), FSDP2 needs shards gathered into
-full tensors for checkpoints / exports / validation and scattered back on resume, and metrics reduced over ranks.
+full tensors for checkpoints / exports and full tensors loaded into the shards on resume; metrics are reduced over
+ranks. `enable_fsdp_on_cpu` makes an FSDP launch on CPU processes shard as on GPUs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def enable_fsdp_on_cpu(acc: Accelerator) -> None:
 
     if not fsdp_requested() or acc.device.type != "cpu" or acc.num_processes < 2:
         return
-    if getattr(acc.state, "fsdp_plugin", None) is not None:  # a second run in this process: already switched
+    if getattr(acc.state, "fsdp_plugin", None) is not None:  # accelerate already runs FSDP here
         return
     plugin = FullyShardedDataParallelPlugin()
     if plugin.fsdp_version != 2:
