@@ -4,8 +4,6 @@ uninterrupted run, the export loads with diffusers. Skipped without CUDA."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,20 +14,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
+from launching import accelerate_launch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> tuple[Path, int]:
     out = tmp_path_factory.mktemp("fsdp")
     world = torch.cuda.device_count()
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp_8gpu.yaml"), "--num_processes", str(world),
-        str(ROOT / "tests" / "data" / "ddp_fsdp.py"), str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "tests" / "data")}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
+    args = [
+        "--config_file",
+        str(ROOT / "configs" / "accelerate" / "fsdp_8gpu.yaml"),
+        "--num_processes",
+        str(world),
+    ]
+    accelerate_launch(args, "ddp_fsdp.py", out, PYTHONPATH=str(ROOT / "tests" / "data"))
     return out, world
 
 

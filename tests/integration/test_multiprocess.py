@@ -12,8 +12,6 @@ where DDP ends.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,20 +23,14 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
+from launching import accelerate_launch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ddp")
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(ROOT / "tests" / "data" / "ddp_checks.py"), str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    args = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
+    args += ["--dynamo_backend", "no"]
+    return accelerate_launch(args, "ddp_checks.py", tmp_path_factory.mktemp("ddp"), OMP_NUM_THREADS="1")
 
 
 def _report(out: Path, rank: int) -> dict:
@@ -147,16 +139,8 @@ def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_group
 @pytest.fixture(scope="module")
 def launched_fsdp(tmp_path_factory) -> Path:
     """The same SFT / NFT functions under FSDP2 over 2 CPU processes (configs/accelerate/fsdp_cpu.yaml)."""
-    out = tmp_path_factory.mktemp("fsdp")
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp_cpu.yaml"),
-        str(ROOT / "tests" / "data" / "ddp_fsdp.py"), str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    args = ["--config_file", str(ROOT / "configs" / "accelerate" / "fsdp_cpu.yaml")]
+    return accelerate_launch(args, "ddp_fsdp.py", tmp_path_factory.mktemp("fsdp"), OMP_NUM_THREADS="1")
 
 
 def test_fsdp_on_cpu_shards_trains_resumes_and_exports(launched_fsdp):

@@ -1,0 +1,21 @@
+"""`accelerate launch` of a script in tests/data, for the multi-process tests (CPU over gloo, or GPUs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent
+ROOT = DATA.parents[1]
+
+
+def accelerate_launch(launch_args: list[str], script: str, out: Path, **env: str) -> Path:
+    """Run `accelerate launch <launch_args> tests/data/<script> <out>` offline, with `env` added to the environment;
+    fails with the launch's stderr unless every process exits 0. Returns `out`."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, str(DATA / script), str(out)]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=environment)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
