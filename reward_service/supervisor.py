@@ -25,7 +25,7 @@ from reward_service.config import ServiceConfig
 from reward_service.embedded_redis import EmbeddedRedis
 from reward_service.keys import Keys
 from reward_service.lua import Scripts
-from reward_service.worker import BAD_CONFIG_EXIT, REDIS_URL_ENV, reap_dead_workers
+from reward_service.worker import NO_RESTART_EXITS, REDIS_URL_ENV, reap_dead_workers
 
 log = logging.getLogger("reward_service.supervisor")
 
@@ -97,8 +97,8 @@ class Supervisor:
     def _restart_workers(self) -> None:
         for i, process in enumerate(self.workers):
             code = process.poll()
-            if code is None or code == BAD_CONFIG_EXIT or self._stop.is_set():
-                continue  # a worker that refused its config would refuse it again
+            if code is None or code in NO_RESTART_EXITS or self._stop.is_set():
+                continue  # a worker that refused its config (or was refused by Redis) would be again
             now = time.monotonic()
             while self.restarts and now - self.restarts[0] > 60:
                 self.restarts.popleft()

@@ -50,6 +50,34 @@ REDIS_URL_ENV = "SANARL_REWARD_REDIS_URL"
 """Environment variable with the Redis URL (the service passes it this way, not on the command line)."""
 BAD_CONFIG_EXIT = 2
 """Exit code of a worker that cannot build its rewards (the supervisor does not restart it)."""
+REDIS_REFUSED_EXIT = 3
+"""Exit code of a worker whose commands Redis keeps refusing (the supervisor does not restart it)."""
+NO_RESTART_EXITS = (BAD_CONFIG_EXIT, REDIS_REFUSED_EXIT)
+"""Exit codes that a restart would only repeat."""
+TRANSIENT_REDIS_ERRORS = (
+    redis.exceptions.ConnectionError,  # includes BusyLoadingError (a restarting server reading its dump)
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,  # a failover in progress
+    redis.exceptions.TryAgainError,
+    redis.exceptions.NoScriptError,  # a restarted server lost the scripts; they are re-sent
+)
+"""Redis errors of an outage, a restart or a failover: retried with back-off for as long as they last."""
+REFUSED_REDIS_ERRORS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+"""Subclasses of ConnectionError that no outage explains (wrong password, missing rights)."""
+
+
+def is_transient(exc: redis.RedisError) -> bool:
+    """True for errors of an outage, restart or failover (`TRANSIENT_REDIS_ERRORS`), not for refusals."""
+    return isinstance(exc, TRANSIENT_REDIS_ERRORS) and not isinstance(exc, REFUSED_REDIS_ERRORS)
+
+
+REFUSALS_BEFORE_EXIT = 5
+"""Other Redis errors (a wrong password, missing ACL rights, a server that rejects a command) in a row before
+the worker stops retrying and exits with `REDIS_REFUSED_EXIT`."""
+
+
+class RedisRefused(RuntimeError):
+    """Redis answered but refused the worker's commands `REFUSALS_BEFORE_EXIT` times in a row."""
 
 
 def reap_dead_workers(client: redis.Redis, keys: Keys, config: ServiceConfig, scripts: Scripts) -> int:
@@ -158,8 +186,12 @@ class Worker:
 
     # --- main loop --------------------------------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until `stop` is set or the parent process is gone; survives Redis outages."""
-        backoff, recover = 0.1, False
+        """Serve until `stop` is set or the parent process is gone; survives Redis outages.
+
+        Raises:
+            RedisRefused: after `REFUSALS_BEFORE_EXIT` non-transient Redis errors in a row.
+        """
+        backoff, recover, refusals = 0.1, False, 0
         while not self.stop.is_set():
             if self.parent and os.getppid() != self.parent:
                 log.warning("parent process %d is gone; worker %s exits", self.parent, self.id)
@@ -171,8 +203,16 @@ class Worker:
                 if not self.step():
                     self.client.blpop([self.keys.wake(n) for n in self.rewards], timeout=BLOCK_S)
                 self._maybe_reap()
-                backoff = 0.1
+                backoff, refusals = 0.1, 0
             except redis.RedisError as exc:
+                refusals = 0 if is_transient(exc) else refusals + 1
+                if refusals >= REFUSALS_BEFORE_EXIT:
+                    raise RedisRefused(
+                        f"Redis refused worker {self.id}'s commands {refusals} times in a row, last with "
+                        f"{type(exc).__name__}: {exc}. This is not an outage: check the password and ACL "
+                        f"rights in the Redis URL (--redis-url or ${REDIS_URL_ENV}) and that the server runs "
+                        "Redis >= 6.2 with Lua scripting enabled."
+                    ) from exc
                 log.warning("Redis error in worker %s: %s; retrying in %.1f s", self.id, exc, backoff)
                 self.stop.wait(backoff)
                 backoff, recover = min(backoff * 2, 5.0), True
@@ -375,8 +415,12 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: worker.stop.set())
     worker.register()
     log.info("worker %s serving %s", worker.id, sorted(rewards))
+    code = 0
     try:
         worker.run()
+    except RedisRefused as exc:
+        log.error("%s", exc)
+        code = REDIS_REFUSED_EXIT
     finally:
         try:
             worker.unregister()
@@ -384,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
             log.warning("could not unregister worker %s: %s", worker.id, exc)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # skip the interpreter teardown (seconds with torch and models loaded)
+    os._exit(code)  # skip the interpreter teardown (seconds with torch and models loaded)
 
 
 if __name__ == "__main__":

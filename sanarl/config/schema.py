@@ -64,10 +64,10 @@ class DiffusersConfig:
     """Text-encoder token budget; the same in training, rollout and eval."""
     inference_size: list[int] = field(default_factory=lambda: [1024, 1024])
     """[H, W] of generated and training images."""
-    train_frames: int = 81
-    """Frames per training clip (video)."""
-    inference_frames: int = 81
-    """Frames per generated clip (video)."""
+    train_frames: int = 41
+    """Frames per training clip (video); 41 is Cosmos-RL's default, which its SANA-Video recipes keep."""
+    inference_frames: int = 41
+    """Frames per generated clip (video); 41 as Cosmos-RL."""
     weighting_scheme: str = "logit_normal"
     """Timestep density for SFT: logit_normal | mode | uniform | sigma_sqrt | cosmap."""
     logit_mean: float = 0.0

@@ -4,8 +4,11 @@ shares the judge).
 
 - Clip: `frames` x `size` x `size` px (16 x 16 and 8 frames for the CPU presets), the shapes world's background,
   palette and anti-aliased circle / square / triangle (`shapes_world.coverage`). One object of side
-  `SIDE_RANGE * size` travels in a straight line at constant speed; its path covers `TRAVEL_RANGE` of the free range
-  along the motion axis and stays `MARGIN` px inside the border; the other coordinate is fixed.
+  `SIDE_RANGE * size` starts near the centre (within `START_SPREAD` of the free range along the motion axis) and
+  travels in a straight line at constant speed toward the named side, covering `TRAVEL_RANGE` of the room left
+  on that side and staying `MARGIN` px inside the border; the other coordinate is fixed. Starting at the centre
+  (rather than anywhere on the axis) makes "moving right" also mean "ends up on the right": a frame-averaged cue
+  a denoiser can learn from text before the full frame-by-frame motion (docs/video.md).
 - Caption: "a {color} {shape} moving {direction}", e.g. "a red circle moving left". Metadata rows keep the shapes
   world's GenEval format (so the image `shapes` reward can judge frames) plus `"motion": direction`:
   `{"tag": "motion", "include": [{"class": "circle", "count": 1, "color": "red"}], "motion": "left", "prompt": ...}`.
@@ -41,8 +44,10 @@ DIRECTIONS: dict[str, tuple[float, float]] = {
 
 SIDE_RANGE = (0.3, 0.4)
 """Object side as a fraction of the clip side."""
-TRAVEL_RANGE = (0.6, 1.0)
-"""Distance travelled as a fraction of the free range along the motion axis."""
+START_SPREAD = 0.1
+"""Start of the path: the clip centre +- this fraction of the free range along the motion axis."""
+TRAVEL_RANGE = (0.8, 1.0)
+"""Distance travelled as a fraction of the room between the start and the named side's limit."""
 MARGIN = 1.0
 """Pixels kept between the object's box and the border."""
 MIN_TRAVEL = 0.15
@@ -112,20 +117,19 @@ class Path:
 
 
 def plan_path(direction: str, size: int, frames: int, seed: int) -> Path:
-    """A random path of `direction` that keeps the object `MARGIN` px inside a `size` px frame for all frames."""
+    """A random path from near the centre toward `direction`'s side, `MARGIN` px inside a `size` px frame."""
     rng = np.random.default_rng(seed)
     side = float(rng.uniform(*SIDE_RANGE)) * size
     low, high = MARGIN + side / 2, size - MARGIN - side / 2
-    travel = float(rng.uniform(*TRAVEL_RANGE)) * (high - low)
     ux, uy = DIRECTIONS[direction]
-    along0 = float(rng.uniform(low, high - travel))  # start, measured along +axis
+    sign = ux + uy  # +1 toward larger x / y, -1 toward smaller
+    start = size / 2 + float(rng.uniform(-START_SPREAD, START_SPREAD)) * (high - low)
+    room = high - start if sign > 0 else start - low
+    step = sign * float(rng.uniform(*TRAVEL_RANGE)) * room / max(1, frames - 1)
     across = float(rng.uniform(low, high))
-    step = travel / max(1, frames - 1)
     if ux:
-        x0 = along0 if ux > 0 else along0 + travel
-        return Path(x0, across, ux * step, 0.0, side)
-    y0 = along0 if uy > 0 else along0 + travel
-    return Path(across, y0, 0.0, uy * step, side)
+        return Path(start, across, step, 0.0, side)
+    return Path(across, start, 0.0, step, side)
 
 
 def render_clip(metadata: dict[str, Any], size: int = 16, frames: int = 8, seed: int = 0) -> np.ndarray:

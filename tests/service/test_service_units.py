@@ -6,10 +6,12 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,7 @@ from reward_service.config import loads_service_config
 from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
 from reward_service.scoring import Task, score_tasks
 from reward_service.supervisor import worker_slots
-from reward_service.worker import _hosted
+from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, Worker, _hosted
 from sanarl.datasets import shapes_world as world
 from sanarl.errors import ConfigError
 from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
@@ -408,3 +410,51 @@ def test_video_stride_and_reduction_equal_score_video(stride, reduction):
         )
         per_frame = reward.score(frames, ["v"] * len(frames))["jpeg_kb"].reshape(2, picked)
         assert out["a"].result["scores"]["jpeg_kb"] == pytest.approx(per_frame.mean(1).tolist(), rel=1e-6)
+
+
+def _failing_worker(errors: list[Exception]) -> tuple[Worker, list[int]]:
+    """A Worker whose every loop step raises the next error of `errors` and stops the loop once they run out."""
+    worker = Worker.__new__(Worker)
+    worker.stop, worker.parent, worker.id = threading.Event(), 0, "w-test"
+    worker.recover_held = lambda: None
+    worker.stop.wait = lambda timeout: False  # no back-off sleeps in the test
+    calls = [0]
+
+    def step() -> bool:
+        calls[0] += 1
+        if calls[0] > len(errors):
+            worker.stop.set()
+            return True
+        raise errors[calls[0] - 1]
+
+    worker.step = step
+    worker._maybe_reap = lambda: None
+    return worker, calls
+
+
+def test_worker_retries_outages_for_as_long_as_they_last():
+    outage = [
+        redis.ConnectionError("refused"),
+        redis.TimeoutError("slow"),
+        redis.exceptions.BusyLoadingError("x"),
+    ]
+    worker, calls = _failing_worker(outage * 10)
+    worker.run()  # returns when the errors run out: nothing raised after 30 transient errors
+    assert calls[0] == 31
+
+
+def test_worker_exits_when_redis_keeps_refusing_its_commands():
+    worker, calls = _failing_worker([redis.AuthenticationError("invalid password")] * 10)
+    with pytest.raises(
+        RedisRefused, match=r"5 times in a row, last with AuthenticationError.*password and ACL"
+    ):
+        worker.run()
+    assert calls[0] == REFUSALS_BEFORE_EXIT == 5
+
+
+def test_an_outage_resets_the_refusal_count():
+    refused = redis.ResponseError("NOPERM")
+    errors = [refused] * 4 + [redis.ConnectionError("down")] + [refused] * 4
+    worker, calls = _failing_worker(errors)
+    worker.run()
+    assert calls[0] == len(errors) + 1
