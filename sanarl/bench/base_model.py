@@ -1,15 +1,22 @@
-"""The tiny shapes base model (`sanarl-tiny:shapes-base`, models/tiny-shapes-base/): its recipe and export.
+"""The shipped tiny base models (models/): their recipes and export.
 
-Recipe: `presets/tiny-shapes-sft.toml` (tiny pixel-space SANA from scratch on the shapes world) trained for
-`steps` optimizer steps through `sanarl.api.train`; the EMA weights of the newest checkpoint are written as a diffusers
-pipeline directory, transformer in fp16 (a few MB), everything else as the random-init `sanarl-tiny:shapes` built it.
-`scripts/build_shapes_base.py` and `sanarl bench shapes --rebuild-base` call this module.
+- `sanarl-tiny:shapes-base` (models/tiny-shapes-base/): `presets/tiny-shapes-sft.toml` (tiny pixel-space SANA from
+  scratch on the shapes world), the base of the shapes bench.
+- `sanarl-tiny:video-base` (models/tiny-video-base/): `presets/tiny-video-sft.toml` (tiny pixel-space SANA-Video from
+  scratch on the moving-shapes world), the base of `presets/tiny-video-nft.toml`.
+
+Each is its preset trained for `steps` optimizer steps through `sanarl.api.train`; the EMA weights of the newest
+checkpoint are written as a diffusers pipeline directory, transformer in fp16 (a few MB), everything else as the
+random-init tiny model (`init`) built it. `scripts/build_shapes_base.py` and `sanarl bench shapes --rebuild-base`
+call this module.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,14 +24,47 @@ import torch
 from sanarl.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_TARGET = ROOT / "models" / "tiny-shapes-base"
-RECIPE_PRESET = "tiny-shapes-sft"
-BASE_STEPS = 3675
-"""Steps of the shipped base (docs/results.md)."""
 
 
-def train_base(run_dir: Path, steps: int = BASE_STEPS, overrides: list[str] | None = None) -> Path:
-    """Run the base recipe into `run_dir` (resuming a previous run there); returns `run_dir`."""
+@dataclass(frozen=True)
+class BaseRecipe:
+    """How a shipped tiny base is made: `preset` trained `steps` steps from the random-init `sanarl-tiny:<init>`."""
+
+    name: str
+    """`sanarl-tiny:<name>`; shipped as models/tiny-<name>/."""
+    preset: str
+    init: str
+    steps: int
+    pipeline_class: str
+    """The diffusers pipeline class that loads it."""
+    classes_module: str
+    """Module whose import registers the tiny model's own classes with diffusers."""
+
+    @property
+    def target(self) -> Path:
+        return ROOT / "models" / f"tiny-{self.name}"
+
+
+SHAPES_BASE = BaseRecipe(
+    "shapes-base", "tiny-shapes-sft", "shapes", 3675, "SanaPipeline", "sanarl.models.pixel_ae"
+)
+VIDEO_BASE = BaseRecipe(
+    "video-base", "tiny-video-sft", "shapes-video", 2000, "SanaVideoPipeline", "sanarl.models.tiny_video"
+)
+RECIPES = {recipe.name: recipe for recipe in (SHAPES_BASE, VIDEO_BASE)}
+BASE_STEPS = SHAPES_BASE.steps
+"""Steps of the shipped shapes base (docs/results.md)."""
+SHIPPED_TARGET = SHAPES_BASE.target
+RECIPE_PRESET = SHAPES_BASE.preset
+
+
+def train_base(
+    run_dir: Path,
+    steps: int = BASE_STEPS,
+    overrides: list[str] | None = None,
+    recipe: BaseRecipe = SHAPES_BASE,
+) -> Path:
+    """Run `recipe` into `run_dir` (resuming a previous run there); returns `run_dir`."""
     from sanarl import api
     from sanarl.cli import resolve_preset_path
     from sanarl.config import load_config
@@ -36,15 +76,16 @@ def train_base(run_dir: Path, steps: int = BASE_STEPS, overrides: list[str] | No
         "train.resume=true",
         *(overrides or []),
     ]
-    api.train(load_config(resolve_preset_path(RECIPE_PRESET), sets), "sanarl.datasets.shapes")
+    api.train(load_config(resolve_preset_path(recipe.preset), sets), "sanarl.datasets.shapes")
     return run_dir
 
 
-def export_base(run_dir: Path, target: Path = SHIPPED_TARGET) -> Path:
-    """EMA weights (else model weights) of the newest checkpoint of `run_dir` -> a pipeline directory `target`."""
-    from diffusers import SanaPipeline
+def export_base(run_dir: Path, target: Path | None = None, recipe: BaseRecipe = SHAPES_BASE) -> Path:
+    """EMA weights (else model weights) of the newest checkpoint of `run_dir` -> a pipeline directory `target`
+    (default: `recipe.target`)."""
+    import diffusers
 
-    import sanarl.models.pixel_ae  # noqa: F401  (registers the pixel autoencoder class with diffusers)
+    importlib.import_module(recipe.classes_module)
     from sanarl.core.checkpoint import list_checkpoints, load_checkpoint
     from sanarl.models.tiny import ensure_tiny_pipeline
 
@@ -52,26 +93,26 @@ def export_base(run_dir: Path, target: Path = SHIPPED_TARGET) -> Path:
     if not found:
         raise DataError(f"{run_dir} has no checkpoints/step_*; train the base first (`train_base`).")
     tensors, _, meta = load_checkpoint(found[-1])
-    weights = tensors.get("ema", tensors["model"])
-    pipe = SanaPipeline.from_pretrained(str(ensure_tiny_pipeline("shapes")))
+    weights = tensors["ema"] if "ema" in tensors else tensors["model"]
+    pipe = getattr(diffusers, recipe.pipeline_class).from_pretrained(str(ensure_tiny_pipeline(recipe.init)))
     missing, unexpected = pipe.transformer.load_state_dict(weights, strict=False)
     params = dict(pipe.transformer.named_parameters())
     if unexpected or [k for k in missing if k in params]:
         raise DataError(
-            f"{found[-1]} does not fit the tiny shapes transformer (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); it was not written by the {RECIPE_PRESET} recipe."
+            f"{found[-1]} does not fit the sanarl-tiny:{recipe.init} transformer (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); it was not written by the {recipe.preset} recipe."
         )
     pipe.transformer.to(torch.float16)
-    target = Path(target)
+    target = Path(target or recipe.target)
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     pipe.save_pretrained(str(staging))
-    recipe = {
-        "preset": f"presets/{RECIPE_PRESET}.toml",
+    provenance = {
+        "preset": f"presets/{recipe.preset}.toml",
         "steps": meta["step"],
         "weights": "EMA" if "ema" in tensors else "model",
     }
-    (staging / "SANARL_RECIPE.json").write_text(json.dumps(recipe, indent=2))
+    (staging / "SANARL_RECIPE.json").write_text(json.dumps(provenance, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target

@@ -165,6 +165,7 @@ def _builder(name: str) -> Callable:
 SHIPPED_DIR = Path(__file__).resolve().parent.parent.parent / "models"
 SHIPPED: dict[str, str] = {
     "shapes-base": "tiny-shapes-base",
+    "video-base": "tiny-video-base",
 }
 """Trained tiny pipelines shipped in the repository's models/ folder (fp16), by tiny name."""
 
@@ -176,7 +177,8 @@ def ensure_tiny_pipeline(name: str) -> Path:
         if not (path / "model_index.json").is_file():
             raise WeightsError(
                 f"the shipped model `sanarl-tiny:{name}` is missing at {path}; it ships with the repository "
-                "(use a git checkout with `pip install -e .`), or rebuild it with `sanarl bench shapes --rebuild-base`."
+                "(use a git checkout with `pip install -e .`), or rebuild it with `python scripts/build_shapes_base.py "
+                f"--model {name}`."
             )
         return path
     if name not in TINY_BUILDERS:

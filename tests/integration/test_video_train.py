@@ -69,21 +69,29 @@ def api_tiny_dir(name: str) -> Path:
 
 
 def test_tiny_video_nft_scores_clips_with_motion_and_exports_a_loadable_lora(tmp_path):
+    """From the preset's shipped base (sanarl-tiny:video-base); validation scores held-out prompts with `motion`."""
     from diffusers import SanaVideoPipeline
     from safetensors.torch import load_file
 
     overrides = [
         f"train.output_dir={tmp_path}",
-        "policy.model_name_or_path=sanarl-tiny:shapes-video",
         "train.max_num_steps=2",
         "rollout.n_generation=4",
         "rollout.batch_size=4",
         "policy.diffusers.sample.num_steps=3",
         "logging.multi_modal_log_interval=1",
         *SMALL,
+        "validation.val_before_train=true",
     ]
-    api.train(load_config(ROOT / "presets" / "tiny-video-nft.toml", overrides), SHAPES)
-    records = read_metrics(tmp_path / "metrics.jsonl")
+    config = load_config(ROOT / "presets" / "tiny-video-nft.toml", overrides)
+    assert config.config.policy.model_name_or_path == "sanarl-tiny:video-base"
+    api.train(config, SHAPES)
+    everything = read_metrics(tmp_path / "metrics.jsonl")
+    held_out = [r for r in everything if "heldout/motion/direction" in r]
+    assert [r["step"] for r in held_out] == [0, 2]  # before training and at the end
+    for r in held_out:
+        assert 0.0 <= r["heldout/motion/direction"] <= 1.0 and r["heldout/motion/visible"] > 0
+    records = [r for r in everything if "loss" in r]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
@@ -92,7 +100,7 @@ def test_tiny_video_nft_scores_clips_with_motion_and_exports_a_loadable_lora(tmp
     assert rollout.shape[0] == 8
     lora = load_file(str(tmp_path / "export" / "pytorch_lora_weights.safetensors"))
     assert lora and all(torch.isfinite(v).all() for v in lora.values())
-    pipe = SanaVideoPipeline.from_pretrained(str(api_tiny_dir("shapes-video")))
+    pipe = SanaVideoPipeline.from_pretrained(str(api_tiny_dir("video-base")))
     torch.manual_seed(0)
     x, text = torch.randn(1, 3, 8, 16, 16), torch.randn(1, 4, 64)
 
