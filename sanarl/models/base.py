@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,6 +86,16 @@ class DiffusionAdapter(ABC):
 
     def __init__(self) -> None:
         self.forward_module: nn.Module | None = None
+
+    def _bind(self, pipeline: Any, policy: PolicyConfig, device: torch.device) -> None:
+        """The set-up every family shares: the pipeline with its transformer and VAE, the device, the prompt token
+        budget, offloading and the scheduler's default shift (`flow_shift`, else `shift`, else 1)."""
+        self.pipeline, self.transformer, self.vae = pipeline, pipeline.transformer, pipeline.vae
+        self.device = device
+        self.max_prompt_length = policy.diffusers.max_prompt_length
+        self.offload = policy.diffusers.offload
+        sched = pipeline.scheduler.config
+        self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
 
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:

@@ -37,16 +37,9 @@ class SanaAdapter(DiffusionAdapter):
 
     def __init__(self, pipeline: SanaPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()
-        self.pipeline = pipeline
-        self.transformer = pipeline.transformer
-        self.vae = pipeline.vae
+        self._bind(pipeline, policy, device)
         self.text_encoder = pipeline.text_encoder
-        self.device = device
-        self.max_prompt_length = policy.diffusers.max_prompt_length
         self.use_chi = policy.diffusers.complex_human_instruction
-        self.offload = policy.diffusers.offload
-        sched = pipeline.scheduler.config
-        self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -67,21 +67,14 @@ class SanaVideoAdapter(DiffusionAdapter):
 
     def __init__(self, pipeline: SanaVideoPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()
-        self.pipeline = pipeline
-        self.transformer = pipeline.transformer
-        self.vae = pipeline.vae
+        self._bind(pipeline, policy, device)
         self.text_encoder = pipeline.text_encoder
-        self.device = device
         diff = policy.diffusers
-        self.max_prompt_length = diff.max_prompt_length
         self.instruction = pipeline_instruction() if diff.complex_human_instruction else None
-        self.offload = diff.offload
         self.frames = diff.inference_frames
         self.temporal_factor, self.spatial_factor = vae_factors(self.vae)
         channels = self.transformer.config.in_channels
         self.latents_mean, self.latents_std = latent_stats(self.vae, channels)
-        sched = pipeline.scheduler.config
-        self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

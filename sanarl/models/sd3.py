@@ -55,16 +55,10 @@ class SD3Adapter(DiffusionAdapter):
         self, pipeline: StableDiffusion3Pipeline, policy: PolicyConfig, device: torch.device
     ) -> None:
         super().__init__()
-        self.pipeline = pipeline
-        self.transformer = pipeline.transformer
-        self.vae = pipeline.vae
+        self._bind(pipeline, policy, device)
         self.text_encoders = nn.ModuleList(
             [getattr(pipeline, n) for n in TEXT_ENCODERS if getattr(pipeline, n) is not None]
         )
-        self.device = device
-        self.max_prompt_length = policy.diffusers.max_prompt_length
-        self.offload = policy.diffusers.offload
-        self.default_shift = float(pipeline.scheduler.config.get("shift", 1.0) or 1.0)
 
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SD3Adapter:
