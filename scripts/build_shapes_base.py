@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     recipe = RECIPES[args.model]
     run_dir = args.from_run or train_base(
-        args.run_dir or ROOT / "outputs" / f"{recipe.name}-run", args.steps or recipe.steps, recipe=recipe
+        args.run_dir or ROOT / "outputs" / f"{recipe.name}-run", args.steps, recipe=recipe
     )
     print(f"exported {export_base(run_dir, args.target, recipe=recipe)}")
 

@@ -52,26 +52,23 @@ VIDEO_BASE = BaseRecipe(
     "video-base", "tiny-video-sft", "shapes-video", 2000, "SanaVideoPipeline", "sanarl.models.tiny_video"
 )
 RECIPES = {recipe.name: recipe for recipe in (SHAPES_BASE, VIDEO_BASE)}
-BASE_STEPS = SHAPES_BASE.steps
-"""Steps of the shipped shapes base (docs/results.md)."""
-SHIPPED_TARGET = SHAPES_BASE.target
-RECIPE_PRESET = SHAPES_BASE.preset
 
 
 def train_base(
     run_dir: Path,
-    steps: int = BASE_STEPS,
+    steps: int | None = None,
     overrides: list[str] | None = None,
     recipe: BaseRecipe = SHAPES_BASE,
 ) -> Path:
-    """Run `recipe` into `run_dir` (resuming a previous run there); returns `run_dir`."""
+    """Run `recipe` for `steps` (default: `recipe.steps`) into `run_dir`, resuming a previous run there; returns
+    `run_dir`."""
     from sanarl import api
     from sanarl.cli import resolve_preset_path
     from sanarl.config import load_config
 
     sets = [
         f"train.output_dir={run_dir}",
-        f"train.max_num_steps={steps}",
+        f"train.max_num_steps={steps or recipe.steps}",
         "train.epoch=100",
         "train.resume=true",
         *(overrides or []),

@@ -85,9 +85,8 @@ def full_parameters(module: torch.nn.Module):
     from torch.distributed.fsdp import FSDPModule
 
     swapped, classes = [], []
-    for (
-        mod
-    ) in module.modules():  # a forward may leave modules unsharded (the root keeps its parameters gathered)
+    # a forward may leave modules unsharded (the root keeps its parameters gathered)
+    for mod in module.modules():
         if isinstance(mod, FSDPModule):
             mod.reshard()
     for mod in module.modules():
