@@ -13,9 +13,14 @@ ROOT = DATA.parents[1]
 
 def accelerate_launch(launch_args: list[str], script: str, out: Path, **env: str) -> Path:
     """Run `accelerate launch <launch_args> tests/data/<script> <out>` offline, with `env` added to the environment;
-    fails with the launch's stderr unless every process exits 0. Returns `out`."""
+    fails with the launch's stderr unless every process exits 0. Returns `out`.
+
+    The processes run with Python's faulthandler on, so a crash in native code (a signal, not an exception) leaves
+    the Python stack of every thread in stderr; the failure message keeps the start of stderr (where those stacks
+    and exceptions are) as well as its end (the launcher's summary)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, str(DATA / script), str(out)]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1", **env}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=environment)
-    assert done.returncode == 0, done.stderr[-4000:]
+    err = done.stderr
+    assert done.returncode == 0, err if len(err) <= 8000 else f"{err[:6000]}\n[...]\n{err[-2000:]}"
     return out
