@@ -78,12 +78,14 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
 
     from sanarl import api
     from sanarl.config import load_config
+    from sanarl.config.plugins import cosmos_plugin
 
     loaded = load_config(resolve_preset_path(config), overrides or [])
     main_process = PartialState().is_main_process
+    plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
     if main_process:
         for note in loaded.notes:
-            console.print(f"[yellow]note:[/] {note}", highlight=False)
+            _note(note)
     outcome = api.train(
         loaded,
         plugin_spec,
@@ -98,6 +100,14 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
     out.print(f"[bold green]done[/]: {outcome.result.steps} steps -> {outcome.result.run_dir}")
     if outcome.result.export_dir is not None:
         out.print(f"exported model: {outcome.result.export_dir}")
+
+
+def _note(text: str) -> None:
+    console.print(f"[yellow]note:[/] {text}", highlight=False)
+
+
+def _note_out(text: str) -> None:
+    out.print(f"[yellow]note:[/] {text}", highlight=False)
 
 
 def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: Path | str) -> None:
@@ -146,36 +156,26 @@ def validate(
     _guarded(debug, _validate, config, plugin, set_, world_size)
 
 
-def planned_world_size(path: Path) -> int:
-    """Data-parallel size a preset was written for: Cosmos-RL's `[policy.parallelism]` dp_shard_size x
-    dp_replicate_size (ignored for execution, used for planning), else 1."""
-    import tomllib
-
-    try:
-        par = tomllib.loads(path.read_text()).get("policy", {}).get("parallelism", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return 1
-    sizes = [par.get(k, 1) for k in ("dp_shard_size", "dp_replicate_size")]
-    return max(1, sizes[0] * sizes[1]) if all(isinstance(v, int) and v > 0 for v in sizes) else 1
-
-
 def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None) -> None:
     from sanarl.config import check_plugin, load_config, resolve_plugin
+    from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.tasks import task_class
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
     cfg = loaded.config
-    world_size = world_size or planned_world_size(path)
-    plugin = resolve_plugin(plugin_spec)
+    world_size = world_size or planned_world_size(loaded.cosmos)
+    plugin = resolve_plugin(plugin_spec, notice=_note_out)
     check_plugin(plugin)
     cls = task_class(cfg)
-    _check_reward_names(cfg)
+    reward_report = _check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
-    _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), loaded.ignored, cfg.train.output_dir)
-    for note in loaded.notes:
-        out.print(f"[yellow]note:[/] {note}", highlight=False)
+    _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), [], cfg.train.output_dir)
+    for line in [*reward_report, *report(loaded.cosmos)]:
+        out.print(line, highlight=False)
+    for note in [*loaded.notes, *getattr(dataset, "notes", [])]:
+        _note_out(note)
     name = cfg.policy.model_name_or_path
     if name.startswith(TINY_PREFIX):
         out.print(f"weights: {name} is built locally on first use (no download).")
@@ -191,21 +191,45 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     out.print("[bold green]valid[/]")
 
 
-def _check_reward_names(cfg) -> None:
-    """Unknown reward names fail validation (the registry imports no model code). With use_remote_reward the
-    names belong to the reward service: the run checks them against its /health when it starts."""
-    if cfg.train.train_policy.use_remote_reward:
-        return
+def _check_reward_names(cfg) -> list[str]:
+    """Each reward of the run is scored in-process (its name is in the registry and it builds with its options) or
+    on the reward service (the registry's names, or Cosmos-RL's service names, see `cosmos_rl.reward_lines`);
+    anything else fails here, before weights load. With REMOTE_REWARD_* set the service's /health is asked too.
+    Returns the lines to print."""
+    from sanarl.config.cosmos_rl import reward_lines
+    from sanarl.errors import ConfigError
     from sanarl.rewards.registry import build_reward, known_rewards
 
-    for fn in cfg.train.train_policy.remote_reward.reward_fns:
-        if (
-            fn.name not in known_rewards() or fn.options
-        ):  # ConfigError: unknown name (listing the known) or options
+    tp = cfg.train.train_policy
+    remote = tp.use_remote_reward
+    fns = tp.remote_reward.reward_fns
+    try:
+        lines = reward_lines([fn.name for fn in fns], remote, known_rewards())
+    except ValueError as err:
+        raise ConfigError(
+            f"{err}. (`train.train_policy.remote_reward.reward_fns`; docs/cosmos-rl.md)"
+        ) from None
+    for fn in fns:
+        # ConfigError for an unknown name (listing the known ones) or options the reward does not take
+        if not remote and (fn.name not in known_rewards() or fn.options):
             build_reward(fn.name, **fn.options)
+    if remote and fns and _remote_env_set():
+        from sanarl.rewards.remote import RemoteRewardFunction
+
+        RemoteRewardFunction(tp.remote_reward, check=False, timeout_s=10.0).check_service()
+        lines.append("reward service: its /health answers and serves every reward above.")
     for name in cfg.validation.held_out_rewards:
         if name not in known_rewards():
             build_reward(name)
+    return lines
+
+
+def _remote_env_set() -> bool:
+    import os
+
+    from sanarl.rewards.remote import ENV_ENQUEUE, ENV_FETCH, ENV_TOKEN
+
+    return all(os.environ.get(name) for name in (ENV_TOKEN, ENV_ENQUEUE, ENV_FETCH))
 
 
 @tools.command()

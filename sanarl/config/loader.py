@@ -4,8 +4,10 @@ Precedence: `--set` overrides > preset file > the defaults of `schema.py`.
 
 The build is strict: every key must be a field of its section's dataclass (unknown keys raise `ConfigError` with a
 did-you-mean), every value must have the field's type (an int is accepted for a float, a bool never for a number).
-Cosmos-RL infrastructure keys (`schema.IGNORED_KEYS`, any `parallelism`, any `train.fsdp_*`) are accepted, dropped
-and listed in `LoadedConfig.ignored`; aliases (`schema.ALIASES`) are renamed with a note in `LoadedConfig.notes`.
+Keys of Cosmos-RL's schema that sanarl does not use (`cosmos_rl.NOT_APPLICABLE`, and `schema.IGNORED_KEYS`) are
+accepted, dropped, listed in `LoadedConfig.ignored` and kept with their values in `LoadedConfig.cosmos`; aliases
+(`schema.ALIASES`, `cosmos_rl.RENAMED`) and Cosmos-RL spellings of values (`cosmos_rl.VALUE_MAPS`) are renamed with a
+note in `LoadedConfig.notes`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from sanarl.config import cosmos_rl
 from sanarl.config.schema import ALIASES, IGNORED_KEYS, Config
 from sanarl.errors import ConfigError
 
@@ -46,6 +49,8 @@ class LoadedConfig:
     """Alias notes and the warnings of `check_config`."""
     source: Path = Path("<string>")
     """The preset file (absolute), or `<string>` for text loaded with `loads_config`."""
+    cosmos: dict[str, Any] = field(default_factory=dict)
+    """Dropped Cosmos-RL keys -> their values, `--set` overrides applied (e.g. `policy.parallelism.dp_shard_size`)."""
 
 
 @dataclass
@@ -55,6 +60,7 @@ class _Ctx:
     where: str
     ignored: list[str]
     notes: list[str]
+    cosmos: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -94,10 +100,12 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
     data = _parse_toml(text, where)
     ctx = _Ctx(where=where, ignored=[], notes=[])
     cfg = _build(Config, data, "", ctx)
-    cfg = apply_overrides(cfg, overrides, ignored=ctx.ignored, notes=ctx.notes)
+    cfg = apply_overrides(cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.cosmos)
     ctx.notes.extend(check_config(cfg))
     resolved = Path(source).expanduser().resolve() if isinstance(source, Path) else Path(source)
-    return LoadedConfig(config=cfg, ignored=_unique(ctx.ignored), notes=_unique(ctx.notes), source=resolved)
+    return LoadedConfig(
+        config=cfg, ignored=_unique(ctx.ignored), notes=_unique(ctx.notes), source=resolved, cosmos=ctx.cosmos
+    )
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -213,27 +221,28 @@ def _leaf_index() -> dict[str, tuple[str, ...]]:
 
 
 def _is_ignored(path: str) -> bool:
-    """True for Cosmos-RL controller keys: IGNORED_KEYS (and their sub-keys), any `parallelism`, `train.fsdp_*`."""
-    parts = [re.sub(r"\[\d+\]$", "", p) for p in path.split(".")]
-    if "parallelism" in parts:
-        return True
-    if len(parts) >= 2 and parts[0] == "train" and parts[1].startswith("fsdp_"):
-        return True
+    """True for the keys of `schema.IGNORED_KEYS` (and their sub-keys); Cosmos-RL's keys go through `_drop_cosmos`."""
+    parts = cosmos_rl.strip_indices(path).split(".")
     return any(".".join(parts[:n]) in IGNORED_KEYS for n in range(1, len(parts) + 1))
+
+
+_ALIASES: dict[str, str] = {**ALIASES, **{k: v[0] for k, v in cosmos_rl.RENAMED.items()}}
+"""Every accepted alias -> its canonical key."""
 
 
 def _alias_note(alias: str, canonical: str, where: str) -> str:
     a_key, c_key = alias.rpartition(".")[2], canonical.rpartition(".")[2]
+    why = cosmos_rl.RENAMED.get(alias, ("", ""))[1]
     return (
         f"`{a_key}` is read as `{c_key}` (`{alias}` in {where} is Cosmos-RL's spelling; sanarl's key is "
-        f"`{canonical}`)."
+        f"`{canonical}`)." + (f" {why}." if why else "")
     )
 
 
 def _apply_aliases(data: dict[str, Any], path: str, ctx: _Ctx) -> dict[str, Any]:
     """Rename alias keys of the table at `path` to their canonical names; both spellings given -> ConfigError."""
     out = dict(data)
-    for alias, canonical in ALIASES.items():
+    for alias, canonical in _ALIASES.items():
         a_parent, _, a_key = alias.rpartition(".")
         c_key = canonical.rpartition(".")[2]
         if a_parent != path or a_key not in out:
@@ -262,7 +271,7 @@ def _unknown_key(key: str, path: str, cls: type, where: str) -> ConfigError:
     names = list(_hints(cls))
     dotted = f"{path}.{key}" if path else key
     prefix = f"{path}." if path else ""
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, names + cosmos_rl.known_children(path), n=1, cutoff=0.6)
     if close:
         hint = f"; did you mean `{prefix}{close[0]}`?"
     elif key in _leaf_index():
@@ -365,13 +374,64 @@ def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else key
+        if key not in hints and _drop_cosmos(dotted, value, ctx):
+            continue
         if _is_ignored(dotted):
             ctx.ignored.append(dotted)
             continue
         if key not in hints:
             raise _unknown_key(key, path, cls, ctx.where)
-        kwargs[key] = _coerce(value, hints[key], dotted, ctx)
+        kwargs[key] = _coerce(_cosmos_value(dotted, value, ctx), hints[key], dotted, ctx)
     return cls(**kwargs)
+
+
+def _cosmos_value(dotted: str, value: Any, ctx: _Ctx) -> Any:
+    """`value` with Cosmos-RL's spelling mapped to sanarl's (`cosmos_rl.VALUE_MAPS`), noted; refused ones raise."""
+    try:
+        new, note = cosmos_rl.map_value(dotted, value)
+    except ValueError as err:
+        raise ConfigError(f"{err} ({ctx.where})") from None
+    if note:
+        ctx.notes.append(f"{note[:-1]} ({ctx.where}).")
+    return new
+
+
+def _drop_cosmos(dotted: str, value: Any, ctx: _Ctx) -> bool:
+    """Drop (and record) a Cosmos-RL key sanarl does not use; False when `dotted` is not one of Cosmos-RL's keys.
+
+    A not-applicable Cosmos-RL table is walked so that its keys are checked against Cosmos-RL's schema too.
+    """
+    if cosmos_rl.is_table(dotted):
+        array = cosmos_rl.strip_indices(dotted) in cosmos_rl.ARRAY_TABLES and isinstance(value, list)
+        for i, item in enumerate(value if array else [value]):
+            where = f"{dotted}[{i}]" if array else dotted
+            if not isinstance(item, dict):
+                raise _type_error(where, dict, item, ctx.where)
+            known = cosmos_rl.known_children(dotted)
+            for key, sub in item.items():
+                if key not in known or not _drop_cosmos(f"{where}.{key}", sub, ctx):
+                    raise _unknown_cosmos_key(key, where, known, ctx.where)
+        return True
+    if cosmos_rl.treatment(dotted) is None:
+        return False
+    try:
+        cosmos_rl.check_choice(dotted, value)
+    except ValueError as err:
+        raise ConfigError(
+            f"{err} ({ctx.where}); fix the value or remove the key (sanarl does not use it)."
+        ) from None
+    ctx.ignored.append(dotted)
+    ctx.cosmos[dotted] = value
+    return True
+
+
+def _unknown_cosmos_key(key: str, path: str, known: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"; did you mean `{path}.{close[0]}`?" if close else ""
+    return ConfigError(
+        f"unknown key `{path}.{key}` in {where}{hint} (valid keys of [{cosmos_rl.strip_indices(path)}], a Cosmos-RL "
+        f"table that sanarl accepts and does not use: {', '.join(known)}). Fix its spelling or remove it."
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -388,6 +448,7 @@ def apply_overrides(
     *,
     ignored: list[str] | None = None,
     notes: list[str] | None = None,
+    cosmos: dict[str, Any] | None = None,
 ) -> Config:
     """Return a copy of `cfg` with each "dotted.key=value" override applied in order (later ones win).
 
@@ -395,22 +456,45 @@ def apply_overrides(
     lists as a TOML inline array (`[1, 2]`) or comma-separated (`console,wandb`); "none"/"null" for optional fields;
     a TOML inline table (`{r = 8}`) for a whole section. Setting a key inside an absent optional section
     (`policy.lora.r=8` without `[policy.lora]`) creates that section with its defaults first. Ignored keys are
-    appended to `ignored`, alias notes to `notes`.
+    appended to `ignored` (with their values in `cosmos`), alias notes to `notes`.
     """
     out = copy.deepcopy(cfg)
     ignored = [] if ignored is None else ignored
     notes = [] if notes is None else notes
+    cosmos = {} if cosmos is None else cosmos
     for item in overrides:
         key, raw = _split_override(item)
-        ctx = _Ctx(where=f"--set `{item}`", ignored=ignored, notes=notes)
-        if key in ALIASES:
-            notes.append(_alias_note(key, ALIASES[key], ctx.where))
-            key = ALIASES[key]
+        ctx = _Ctx(where=f"--set `{item}`", ignored=ignored, notes=notes, cosmos=cosmos)
+        if key in _ALIASES:
+            notes.append(_alias_note(key, _ALIASES[key], ctx.where))
+            key = _ALIASES[key]
+        if not _in_schema(key) and _drop_cosmos(key, _raw_value(raw), ctx):
+            continue
         if _is_ignored(key):
             ignored.append(key)
             continue
         _set_path(out, key, raw, ctx)
     return out
+
+
+def _in_schema(key: str) -> bool:
+    """Whether the dotted `key` (list indices as numbers) names a field of sanarl's schema."""
+    cls: Any = Config
+    for part in key.split("."):
+        if part.isdigit():
+            continue
+        if cls is None or part not in _hints(cls):
+            return False
+        cls = _section_cls(_hints(cls)[part])
+    return True
+
+
+def _raw_value(raw: str) -> Any:
+    """An override's text as a TOML value when it parses as one (`1`, `true`, `[1, 2]`, `{a = 1}`), else the text."""
+    try:
+        return tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw.strip()
 
 
 def _split_override(item: str) -> tuple[str, str]:
@@ -444,7 +528,7 @@ def _set_path(cfg: Config, key: str, raw: str, ctx: _Ctx) -> None:
             raise _unknown_key(part, path, type(obj), ctx.where)
         dotted = f"{path}.{part}" if path else part
         if last:
-            setattr(obj, part, _parse_override(raw, hints[part], dotted, ctx))
+            setattr(obj, part, _cosmos_value(dotted, _parse_override(raw, hints[part], dotted, ctx), ctx))
             return
         obj = _descend(obj, part, hints[part], dotted, ctx)
         path = dotted

@@ -17,15 +17,19 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import logging
 import pkgutil
 import re
 import sys
 import traceback
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sanarl.config import cosmos_rl
 from sanarl.errors import PluginError
+
+log = logging.getLogger(__name__)
 
 _DOCS = "docs/plugins.md"
 _FILE_PREFIX = "sanarl_plugin_"
@@ -40,14 +44,17 @@ FACTORY_SIGNATURES: dict[str, str] = {
 """How each known factory is called (shown in contract errors); `config` is the resolved `sanarl.config.Config`."""
 
 
-def resolve_plugin(spec: str) -> types.ModuleType:
+def resolve_plugin(spec: str, notice: Callable[[str], None] | None = None) -> types.ModuleType:
     """Import the dataset plugin named by `spec` (a dotted module or a `.py` path) and return the module.
+
+    Cosmos-RL's launcher names (`cosmos_rl.tools.dataset.diffusion_nft`, ...) resolve to sanarl's plugins, with a
+    one-line `notice` (default: a logged warning); see `cosmos_rl.PLUGINS`.
 
     A `.py` file is imported under a private module name (`sanarl_plugin_<stem>_<hash>`, cached in sys.modules,
     so resolving the same file twice returns the same module) and its folder is put first on sys.path, as when
     running a script, so it can import sibling modules. Raises PluginError (see the module docstring).
     """
-    text = spec.strip()
+    text = cosmos_plugin(spec, notice)
     if not text:
         raise PluginError(
             "the dataset plugin argument is empty; pass a dotted module (e.g. `sanarl.datasets.diffusers_dataset`) "
@@ -61,6 +68,18 @@ def resolve_plugin(spec: str) -> types.ModuleType:
             f"`sanarl.datasets.diffusers_dataset` or `./my_plugin.py`; see {_DOCS}."
         )
     return _import_dotted(text)
+
+
+def cosmos_plugin(spec: str, notice: Callable[[str], None] | None = None) -> str:
+    """`spec`, or sanarl's plugin for a Cosmos-RL launcher name (announced through `notice`)."""
+    try:
+        found = cosmos_rl.plugin_for(spec)
+    except ValueError as err:
+        raise PluginError(f"{err} See docs/cosmos-rl.md.") from None
+    if found is None:
+        return spec.strip()
+    (notice or log.warning)(found[1])
+    return found[0]
 
 
 def check_plugin(

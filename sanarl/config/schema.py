@@ -351,8 +351,8 @@ IGNORED_KEYS: tuple[str, ...] = (
     "train.non_text",
     "train.train_policy.uncentralized_training",
 )
-"""Keys (dotted paths) that only configure Cosmos-RL's own controller; accepted, reported as ignored. Any key named
-`parallelism` at any depth, and any `train.fsdp_*` key, are ignored too."""
+"""Keys (dotted paths) that only configure Cosmos-RL's own controller; accepted, reported as ignored. The whole of
+Cosmos-RL's schema is covered by `sanarl.config.cosmos_rl` (every key it defines, with what sanarl does instead)."""
 
 ALIASES: dict[str, str] = {"policy.diffusers.timestep_fraction": "policy.diffusers.timesteps_fraction"}
 """Accepted spellings -> canonical key (Cosmos-RL's presets use the misspelt one)."""

@@ -12,6 +12,12 @@ Config keys read (`[train.train_policy.dataset]` for `get_dataset`, `[validation
   | ocr | test (1,018) | {"target": first "double-quoted" span of the prompt, None when there is none} |
   | geneval | test (2,212); train generated (subset "generated") | GenEval row minus "prompt": tag, include, exclude |
   | drawbench | test (1,000) | {} |
+  | dance_grpo_t2v | train, test | {} |
+
+  `dance_grpo_t2v` is Cosmos-RL's name for DanceGRPO's video prompts (`assets/video_prompts.txt` of XueZeyue/DanceGRPO,
+  which Cosmos-RL uses for both splits). That file is not shipped: put it at `prompts/dance_grpo_t2v/<split>.txt`
+  under `$SANARL_DATA_DIR` to use it; otherwise sanarl's curated video prompts (`prompts/video_<split>.txt`, disjoint
+  train and test) stand in, with a note in `PromptSet.notes`.
 
 - `split`: the file `<split>_metadata.jsonl`, else `<split>.txt`, of the set's folder. A split that is not there is
   a `DataError` (never a silent fall-back to another split).
@@ -51,8 +57,9 @@ from sanarl.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-KNOWN_SETS: tuple[str, ...] = ("pickscore", "ocr", "geneval", "drawbench")
-"""Prompt sets shipped under datasets/prompts/."""
+KNOWN_SETS: tuple[str, ...] = ("pickscore", "ocr", "geneval", "drawbench", "dance_grpo_t2v")
+"""Prompt-set names (shipped under datasets/prompts/; dance_grpo_t2v has a stand-in, see the module docstring)."""
+VIDEO_STAND_IN = "dance_grpo_t2v"
 
 DATA_DIR_ENV = "SANARL_DATA_DIR"
 """Environment variable that replaces the repository's `datasets/` folder."""
@@ -110,10 +117,18 @@ class PromptSet(Dataset):
         stats: counts of what loading did: "nsfw_dropped", "ocr_without_target", ... (only those that apply).
     """
 
-    def __init__(self, rows: list[Row], source: str, stats: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        rows: list[Row],
+        source: str,
+        stats: dict[str, int] | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
         self.rows = rows
         self.source = source
         self.stats = dict(stats or {})
+        self.notes = list(notes or [])
+        """What the user should know about where the rows came from (`sanarl validate` prints these)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -199,7 +214,9 @@ def missing_split(req: Request, folder: Path) -> DataError:
     elif req.name == "ocr":
         msg += (
             f' The OCR train split is not shipped. Use the test split explicitly with `{req.key}.split = "test"`, '
-            f"or point `{req.key}.local_dir` to a folder holding your own {req.split}.txt."
+            f"or point `{req.key}.local_dir` to a folder holding your own {req.split}.txt (one prompt a line, the "
+            'text to render in "double quotes"; the OCR train set of Cosmos-RL and DiffusionNFT is '
+            "dataset/ocr/train.txt of NVlabs/DiffusionNFT)."
         )
     else:
         msg += f" Set `{req.key}.split` to one of the splits found, or add the file."
@@ -311,6 +328,26 @@ def source_folder(req: Request) -> Path:
     return shipped_dir(req)
 
 
+def video_stand_in(req: Request) -> tuple[Path, list[str]]:
+    """The file for `name = "dance_grpo_t2v"`: DanceGRPO's prompts when provided, else sanarl's video prompts."""
+    provided = split_file(data_root() / "prompts" / VIDEO_STAND_IN, req.split)
+    if provided is not None:
+        return provided, []
+    stand_in = data_root() / "prompts" / f"video_{req.split}.txt"
+    if not stand_in.is_file():
+        raise DataError(
+            f'`{req.key}.name` = "dance_grpo_t2v", split {req.split!r}: neither DanceGRPO\'s prompts '
+            f"(prompts/{VIDEO_STAND_IN}/{req.split}.txt under the data root) nor sanarl's {stand_in} exist. Provide "
+            "DanceGRPO's assets/video_prompts.txt there (one prompt a line), or set `local_dir` to a prompt file."
+        )
+    note = (
+        f"`{req.key}.name` = \"dance_grpo_t2v\": DanceGRPO's video prompts are not shipped, so sanarl's curated video "
+        f"prompts {stand_in.name} stand in. For DanceGRPO's own, save its assets/video_prompts.txt as "
+        f"prompts/{VIDEO_STAND_IN}/{req.split}.txt under $SANARL_DATA_DIR (or set `{req.key}.local_dir` to it)."
+    )
+    return stand_in, [note]
+
+
 def locate(req: Request) -> Path:
     """The prompt file a file-based request reads."""
     if req.local_dir:
@@ -356,7 +393,11 @@ def ocr_targets(rows: list[Row]) -> tuple[list[Row], int]:
 
 def load_file_set(req: Request) -> PromptSet:
     """A shipped or custom prompt file, with the set's row handling, the NSFW filter and the size cap."""
-    path = locate(req)
+    notes: list[str] = []
+    if req.name == VIDEO_STAND_IN and not req.local_dir:
+        path, notes = video_stand_in(req)
+    else:
+        path = locate(req)
     rows = read_prompt_file(path, req)
     stats: dict[str, int] = {"rows_in_file": len(rows)}
     if req.subset == "filter_nsfw":
@@ -385,7 +426,7 @@ def load_file_set(req: Request) -> PromptSet:
                 "it to use them all."
             )
         rows = rows[: req.size]
-    return PromptSet(rows, str(path), stats)
+    return PromptSet(rows, str(path), stats, notes)
 
 
 def load_generated(req: Request) -> PromptSet:

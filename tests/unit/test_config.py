@@ -221,7 +221,7 @@ def test_cosmos_infrastructure_keys_are_ignored_and_listed() -> None:
         'redis = "12800"\nmode = "colocated"\n'
         "[policy.parallelism]\ndp_shard_size = 8\ntp_size = 1\n"
         "[rollout.parallelism]\ntp_size = 2\n"
-        "[train]\nfsdp_offload = false\nfsdp_anything_new = 1\nasync_tp_enabled = true\nnon_text = false\n"
+        "[train]\nfsdp_offload = false\nasync_tp_enabled = true\nnon_text = false\n"
         "[train.train_policy]\nuncentralized_training = true\n"
     )
     loaded = loads_config(text)
@@ -229,14 +229,24 @@ def test_cosmos_infrastructure_keys_are_ignored_and_listed() -> None:
     assert loaded.ignored == [
         "redis",
         "mode",
-        "policy.parallelism",
-        "rollout.parallelism",
+        "policy.parallelism.dp_shard_size",
+        "policy.parallelism.tp_size",
+        "rollout.parallelism.tp_size",
         "train.fsdp_offload",
-        "train.fsdp_anything_new",
         "train.async_tp_enabled",
         "train.non_text",
         "train.train_policy.uncentralized_training",
     ]
+    assert loaded.cosmos["policy.parallelism.dp_shard_size"] == 8 and loaded.cosmos["redis"] == "12800"
+
+
+def test_keys_outside_cosmos_rl_schema_still_fail_with_did_you_mean() -> None:
+    with pytest.raises(ConfigError, match="unknown key `train.fsdp_anything_new`"):
+        loads_config("[train]\nfsdp_anything_new = 1\n")
+    with pytest.raises(ConfigError, match="did you mean `train.fsdp_offload`"):
+        loads_config("[train]\nfsdp_ofload = true\n")
+    with pytest.raises(ConfigError, match="did you mean `policy.parallelism.dp_shard_size`"):
+        loads_config("[policy.parallelism]\ndp_shard_sise = 8\n")
 
 
 def test_alias_is_renamed_with_a_note() -> None:
@@ -260,6 +270,7 @@ def test_alias_and_ignored_key_in_overrides() -> None:
     loaded = loads_config("", ["policy.diffusers.timestep_fraction=0.25", "train.fsdp_offload=true"])
     assert loaded.config.policy.diffusers.timesteps_fraction == 0.25
     assert loaded.ignored == ["train.fsdp_offload"]
+    assert loaded.cosmos == {"train.fsdp_offload": True}
     assert loaded.notes[0].startswith("`timestep_fraction` is read as `timesteps_fraction`")
 
 

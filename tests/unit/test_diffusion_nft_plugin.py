@@ -239,7 +239,7 @@ def test_missing_ocr_train_split_and_val_key() -> None:
 def test_unknown_name_lists_the_known_sets() -> None:
     msg = _error(_config(name="laion"))
     assert "`train.train_policy.dataset.name` = 'laion'" in msg
-    assert "['pickscore', 'ocr', 'geneval', 'drawbench']" in msg and "local_dir" in msg
+    assert "['pickscore', 'ocr', 'geneval', 'drawbench', 'dance_grpo_t2v']" in msg and "local_dir" in msg
 
 
 def test_no_name_and_no_local_dir() -> None:
