@@ -624,3 +624,26 @@ def reward_lines(names: list[str], remote: bool, known: list[str]) -> list[str]:
                 "it can score it (the run checks the service's /health at start)."
             )
     return lines
+
+
+# --- batch semantics ------------------------------------------------------------------------------------------
+
+
+def adapt_sft_batch(cfg: Any, values: dict[str, Any]) -> str | None:
+    """Cosmos-RL's SFT reads `train.train_batch_per_replica` per data-parallel rank (its GRPO reads it per replica;
+    Cosmos-RL's own worker code notes the inconsistency), sanarl's is the global batch of one optimizer step. For a
+    plain SFT config that declares Cosmos-RL's `[policy.parallelism]`, scale it by the declared ranks so the recipe
+    keeps its global batch on any number of machines. Returns the note, or None when nothing changed."""
+    tp = cfg.train.train_policy
+    declared = any(key.startswith("policy.parallelism.") for key in values)
+    ranks = planned_world_size(values)
+    if not declared or tp.type != "sft" or tp.trainer_type != "" or ranks == 1:
+        return None
+    per_rank = cfg.train.train_batch_per_replica
+    cfg.train.train_batch_per_replica = per_rank * ranks
+    return (
+        f"`train.train_batch_per_replica` = {per_rank} is per data-parallel rank in Cosmos-RL's SFT, and "
+        f"[policy.parallelism] declares {ranks} ranks: sanarl reads it as the global batch {per_rank * ranks} "
+        f"(sanarl's train_batch_per_replica is the batch of one optimizer step over all ranks; with "
+        "`--set policy.parallelism.dp_shard_size=1` it stays as written)."
+    )

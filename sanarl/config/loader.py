@@ -101,6 +101,7 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
     ctx = _Ctx(where=where, ignored=[], notes=[])
     cfg = _build(Config, data, "", ctx)
     cfg = apply_overrides(cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.cosmos)
+    ctx.notes.extend(note for note in [cosmos_rl.adapt_sft_batch(cfg, ctx.cosmos)] if note)
     ctx.notes.extend(check_config(cfg))
     resolved = Path(source).expanduser().resolve() if isinstance(source, Path) else Path(source)
     return LoadedConfig(

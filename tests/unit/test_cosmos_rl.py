@@ -1,0 +1,352 @@
+"""Cosmos-RL drop-in: its whole config schema, its nine diffusion presets, its launcher names and reward names.
+
+tests/data/cosmos_rl_schema.json lists every key of Cosmos-RL's config models (provenance inside: repository, path,
+commit); tests/data/cosmos_rl/ holds the keys and values of its nine diffusion presets (provenance in each header).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sanarl.config import cosmos_rl, loads_config, resolve_plugin
+from sanarl.config.loader import _hints, _section_cls, dump_toml
+from sanarl.config.schema import Config
+from sanarl.errors import ConfigError, PluginError
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+SCHEMA = json.loads((DATA / "cosmos_rl_schema.json").read_text())
+PRESETS = sorted((DATA / "cosmos_rl").glob("*/*.toml"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sanarl_leaves() -> set[str]:
+    out: set[str] = set()
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in _hints(cls).items():
+            path = f"{prefix}.{name}" if prefix else name
+            sub = _section_cls(tp)
+            walk(sub, path) if sub else out.add(path)
+
+    walk(Config, "")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The schema table
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_schema_data_names_the_source_the_table_was_read_from() -> None:
+    prov = SCHEMA["provenance"]
+    assert (prov["repository"], prov["path"], prov["commit"]) == (
+        cosmos_rl.SOURCE["repository"],
+        cosmos_rl.SOURCE["path"],
+        cosmos_rl.SOURCE["commit"],
+    )
+    assert len(SCHEMA["keys"]) > 300
+
+
+def test_every_cosmos_rl_key_is_honoured_renamed_or_not_applicable() -> None:
+    honoured = sanarl_leaves()
+    uncovered = [
+        key
+        for key in SCHEMA["keys"]
+        if key not in honoured and key not in cosmos_rl.RENAMED and cosmos_rl.treatment(key) is None
+    ]
+    assert uncovered == []
+    # the table names no key Cosmos-RL lacks, and none that sanarl honours
+    assert set(cosmos_rl.NOT_APPLICABLE) <= set(SCHEMA["keys"])
+    assert not set(cosmos_rl.NOT_APPLICABLE) & honoured
+    # renamed keys are Cosmos-RL keys, except the misspelling its presets use (a reported defect)
+    assert [k for k in cosmos_rl.RENAMED if k not in SCHEMA["keys"]] == ["policy.diffusers.timestep_fraction"]
+    assert all(cosmos_rl.NOT_APPLICABLE[k].instead for k in cosmos_rl.NOT_APPLICABLE)
+
+
+# Values for keys whose Cosmos-RL default TOML cannot write (None) or sanarl refuses (LLM defaults).
+EXAMPLES: dict[str, Any] = {
+    "policy.is_diffusers": True,
+    "policy.model_name_or_path": "sanarl-tiny:shapes-base",
+    "rollout.backend": "diffusion_nft_rollout",
+    "train.train_policy.type": "grpo",
+    "train.train_policy.trainer_type": "diffusion_nft",
+    "train.train_policy.remote_reward.reward_fns.name": "jpeg_compressibility",
+    "train.train_policy.remote_reward.reward_fns.score_key": "",
+    "validation.remote_reward.reward_fns.name": "pickscore",
+    "policy.lora.lora_names": ["default", "old"],
+    "policy.lora.target_modules": ["to_q"],
+    "policy.lora.init_lora_weights": "gaussian",
+    "policy.diffusers.sample.solver": "euler",
+    "train.optm_impl": "foreach",
+    "train.ckpt.upload_s3": False,
+    "train.seed": 7,
+    "train.max_num_steps": 3,
+    "rollout.n_generation_mini_batch": 4,
+    "train.train_batch_per_replica": 32,
+    "train.train_policy.mini_batch": 4,
+    "train.train_policy.dataset.split": "train",
+    "validation.dataset.split": "test",
+    "validation.batch_size": 4,
+    "logging.logger": ["console"],
+    "logging.multi_modal_log_interval": 5,
+    "logging.experiment_name": "x",
+    "custom": {"anything": 1},
+}
+SFT_ONLY = {key for key, e in SCHEMA["keys"].items() if e["models"] == ["SFTDataConfig"]}
+SFT_ONLY.add("rollout.n_generation_mini_batch")  # sanarl reads it as rollout.batch_size: not both in one file
+
+
+def _value(key: str, entry: dict[str, Any]) -> Any:
+    if key in EXAMPLES:
+        return EXAMPLES[key]
+    text = entry["default"]
+    if text.startswith("factory:lambda: "):
+        text = text.removeprefix("factory:lambda: ")
+    elif text.startswith("factory:"):
+        return {"list": [], "dict": {}}[text.removeprefix("factory:")]
+    value = ast.literal_eval(text) if text != "<required>" else None
+    if isinstance(value, tuple):
+        return list(value)
+    if value is None:
+        kind = entry["type"]
+        for word, example in (
+            ("bool", True),
+            ("float", 0.5),
+            ("int", 2),
+            ("List", ["a"]),
+            ("Dict", {}),
+            ("str", "a"),
+        ):
+            if word in kind:
+                return example
+    return value
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys -> nested tables; arrays of tables (reward_fns) get one item."""
+    arrays = {p for p, t in SCHEMA["tables"].items() if t["kind"] == "array"}
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        node, parts = root, key.split(".")
+        prefix = ""
+        for part in parts[:-1]:
+            prefix = f"{prefix}.{part}" if prefix else part
+            if prefix in arrays:
+                node = node.setdefault(part, [{}])[0]
+            else:
+                node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return root
+
+
+def _toml(tree: dict[str, Any]) -> str:
+    from sanarl.config.loader import _toml_key, _toml_value
+
+    lines: list[str] = []
+
+    def emit(table: dict[str, Any], path: str) -> None:
+        subs = {k: v for k, v in table.items() if isinstance(v, dict) and k != "custom"}
+        arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+        if path:
+            lines.append(f"[{path}]")
+        for k, v in table.items():
+            if k not in subs and k not in arrays:
+                lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+        for k, v in subs.items():
+            emit(v, f"{path}.{k}" if path else k)
+        for k, items in arrays.items():
+            for item in items:
+                lines.append(f"[[{path}.{k}]]")
+                lines.extend(f"{_toml_key(a)} = {_toml_value(b)}" for a, b in item.items())
+
+    emit(tree, "")
+    return "\n".join(lines) + "\n"
+
+
+def _check_loaded(flat: dict[str, Any], text: str) -> None:
+    loaded = loads_config(text, source="cosmos-layout.toml")
+    cfg, honoured = loaded.config, sanarl_leaves()
+    dropped = {cosmos_rl.strip_indices(k): v for k, v in loaded.cosmos.items()}
+    for key, value in flat.items():
+        if key in cosmos_rl.RENAMED:
+            key = cosmos_rl.RENAMED[key][0]
+        if cosmos_rl.treatment(key) is not None:
+            assert dropped[key] == value, key
+            continue
+        assert key in honoured, key
+        node: Any = cfg
+        for part in key.split("."):
+            node = node[0] if isinstance(node, list) else node
+            node = getattr(node, part)
+        mapped, _ = cosmos_rl.map_value(key, value)
+        assert node == mapped or node == pytest.approx(mapped), key
+
+
+def test_toml_files_in_cosmos_rl_layout_using_every_key_load() -> None:
+    """Two files (a DiffusionNFT one, an SFT one for SFT-only keys) use every key of Cosmos-RL's schema."""
+    keys = SCHEMA["keys"]
+    grpo = {k: _value(k, e) for k, e in keys.items() if k not in SFT_ONLY}
+    sft = {k: _value(k, e) for k, e in keys.items() if k in SFT_ONLY}
+    sft.update({"train.train_policy.type": "sft", "train.train_policy.trainer_type": "sft"})
+    assert set(grpo) | set(sft) == set(keys)
+    for flat in (grpo, sft):
+        _check_loaded(flat, _toml(_nest(flat)))
+
+
+def test_value_maps_and_refusals() -> None:
+    loaded = loads_config(
+        '[rollout]\nbackend = "diffusion_nft_rollout"\n[train]\nema_update_step_interval = 0\n'
+        '[train.ckpt]\nmax_keep = -1\nsave_mode = "sync"\n[logging]\nexperiment_name = "None"\n'
+    )
+    cfg = loaded.config
+    assert (cfg.rollout.backend, cfg.train.ema_update_step_interval, cfg.train.ckpt.max_keep) == (
+        "diffusers",
+        1,
+        0,
+    )
+    assert cfg.logging.experiment_name == ""
+    assert any("diffusion_nft_rollout" in n for n in loaded.notes)
+    with pytest.raises(ConfigError, match="LLM rollout engine"):
+        loads_config('[rollout]\nbackend = "vllm"\n')
+    with pytest.raises(ConfigError, match="not one of Cosmos-RL's values"):
+        loads_config('[train.ckpt]\nsave_mode = "later"\n')
+    with pytest.raises(ConfigError, match="did you mean `train.ckpt.save_mode`"):
+        loads_config('[train.ckpt]\nsave_mod = "async"\n')
+    with pytest.raises(ConfigError, match="did you mean `vla.num_envs`"):
+        loads_config("[vla]\nnum_env = 2\n")
+
+
+def test_timestep_fraction_defect_is_reported_and_the_file_honoured() -> None:
+    loaded = loads_config("[policy.diffusers]\ntimestep_fraction = 0.99\n")
+    assert loaded.config.policy.diffusers.timesteps_fraction == 0.99
+    assert "Cosmos-RL trained on every timestep" in loaded.notes[0]
+
+
+def test_cosmos_rl_sft_batch_is_per_rank() -> None:
+    text = "[train]\ntrain_batch_per_replica = 2\n[policy.parallelism]\ndp_shard_size = 4\n"
+    loaded = loads_config(text)
+    assert loaded.config.train.train_batch_per_replica == 8
+    one = loads_config(text, ["policy.parallelism.dp_shard_size=1"])
+    assert (
+        one.config.train.train_batch_per_replica == 2 and one.cosmos["policy.parallelism.dp_shard_size"] == 1
+    )
+    # the resolved config written to the run dir reads back to the same global batch
+    assert loads_config(dump_toml(loaded.config)).config.train.train_batch_per_replica == 8
+
+
+def test_not_applicable_values_are_reported_with_what_sanarl_does() -> None:
+    lines = cosmos_rl.report({"train.sync_weight_interval": 4, "train.ckpt.save_mode": "async"})
+    assert any(line.startswith("not applicable: train.sync_weight_interval = 4.") for line in lines)
+    assert any("warning: `train.sync_weight_interval` = 4" in line for line in lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launchers, prompt sets, rewards
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_cosmos_rl_launchers_resolve_to_sanarl_plugins() -> None:
+    seen: list[str] = []
+    module = resolve_plugin("cosmos_rl.tools.dataset.diffusion_nft", notice=seen.append)
+    assert module.__name__ == "sanarl.datasets.diffusion_nft" and len(seen) == 1
+    module = resolve_plugin("./cosmos_rl/tools/dataset/diffusers_dataset.py", notice=seen.append)
+    assert module.__name__ == "sanarl.datasets.diffusers_dataset"
+    with pytest.raises(PluginError, match="Cosmos-Predict"):
+        resolve_plugin("cosmos_rl.tools.dataset.wfm_rl")
+    with pytest.raises(PluginError, match="LLM / VLA launchers"):
+        resolve_plugin("cosmos_rl.tools.dataset.gsm8k_grpo")
+
+
+def _rl_config(name: str, split: str = "train") -> Config:
+    cfg = Config()
+    cfg.train.train_policy.type = "grpo"
+    cfg.train.train_policy.dataset.name, cfg.train.train_policy.dataset.split = name, split
+    return cfg
+
+
+def test_dance_grpo_t2v_uses_danceGRPO_prompts_when_given_else_a_noted_stand_in(
+    tmp_path, monkeypatch
+) -> None:
+    from sanarl.datasets import diffusion_nft
+
+    stand_in = diffusion_nft.get_dataset(_rl_config("dance_grpo_t2v"))
+    assert len(stand_in) == 32 and "stand in" in stand_in.notes[0]
+    (tmp_path / "prompts" / "dance_grpo_t2v").mkdir(parents=True)
+    (tmp_path / "prompts" / "dance_grpo_t2v" / "test.txt").write_text("a dancer spins\na cat jumps\n")
+    monkeypatch.setenv("SANARL_DATA_DIR", str(tmp_path))
+    given = diffusion_nft.get_dataset(_rl_config("dance_grpo_t2v", "test"))
+    assert [given[i]["prompt"] for i in range(2)] == ["a dancer spins", "a cat jumps"] and given.notes == []
+
+
+def test_reward_lines_read_the_registry() -> None:
+    lines = cosmos_rl.reward_lines(["dance_grpo"], remote=False, known=["dance_grpo"])
+    assert lines == ["reward `dance_grpo`: scored in-process."]
+    with pytest.raises(ValueError, match="sanarl does not have in-process"):
+        cosmos_rl.reward_lines(["dance_grpo"], remote=False, known=["pickscore"])
+    assert "Cosmos-RL reward service" in cosmos_rl.reward_lines(["dance_grpo"], remote=True, known=[])[0]
+    with pytest.raises(ValueError, match="sanarl's is `imagereward`"):
+        cosmos_rl.reward_lines(["image_reward"], remote=False, known=["imagereward"])
+    assert (
+        "did you mean `pickscore`"
+        in cosmos_rl.reward_lines(["pickscor"], remote=True, known=["pickscore"])[0]
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The nine presets through `sanarl validate`, unchanged
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _validate_args(preset: Path) -> list[str]:
+    if "sft" in preset.name:
+        data = "sft_video" if "video" in preset.name else "sft"
+        return [
+            "cosmos_rl.tools.dataset.diffusers_dataset",
+            "--set",
+            f"train.train_policy.dataset.local_dir={ROOT / 'datasets' / 'examples' / data}",
+        ]
+    return ["cosmos_rl.tools.dataset.diffusion_nft"]
+
+
+def test_the_nine_presets_are_stored_with_provenance() -> None:
+    assert len(PRESETS) == 9
+    for preset in PRESETS:
+        head = preset.read_text().splitlines()[0]
+        assert "nvidia-cosmos/cosmos-rl" in head and cosmos_rl.SOURCE["commit"] in head
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_cosmos_rl_preset_validates_unchanged(preset, run_cli, monkeypatch) -> None:
+    for var in ("REMOTE_REWARD_TOKEN", "REMOTE_REWARD_ENQUEUE_URL", "REMOTE_REWARD_FETCH_URL"):
+        monkeypatch.delenv(var, raising=False)
+    code, out, err = run_cli("validate", "--config", str(preset), *_validate_args(preset))
+    assert code == 0, err + out
+    assert "valid" in out and "8 rank(s)" in out
+    assert "not applicable:" in out and "Cosmos-RL's launcher" in out + err
+
+
+def test_validate_plans_with_the_overrides(run_cli) -> None:
+    preset = DATA / "cosmos_rl" / "sana" / "sana-image-nft.toml"
+    shrunk = ["--set", "train.train_batch_per_replica=72", "--set", "train.train_policy.mini_batch=8"]
+    code, _, err = run_cli("validate", "--config", str(preset), *_validate_args(preset), *shrunk)
+    assert code == 2 and "must split over 8 rank(s)" in err
+    one = ["--set", "policy.parallelism.dp_shard_size=1"]
+    code, out, err = run_cli("validate", "--config", str(preset), *_validate_args(preset), *shrunk, *one)
+    assert code == 0, err
+    assert "72 / 24 (n_generation) / 1 rank(s)" in out
+
+
+def test_in_process_reward_that_sanarl_lacks_stops_validate(run_cli, monkeypatch) -> None:
+    from sanarl.rewards import registry
+
+    monkeypatch.setattr(registry, "_lazy", {k: v for k, v in registry._lazy.items() if k != "dance_grpo"})
+    monkeypatch.setattr(registry, "_eager", {k: v for k, v in registry._eager.items() if k != "dance_grpo"})
+    preset = DATA / "cosmos_rl" / "sana" / "sana-video-nft.toml"
+    local = ["--set", "train.train_policy.use_remote_reward=false"]
+    code, _, err = run_cli("validate", "--config", str(preset), *_validate_args(preset), *local)
+    assert code == 2 and "reward `dance_grpo`" in err and "replace it" in err
