@@ -225,7 +225,9 @@ def test_cosmos_infrastructure_keys_are_ignored_and_listed() -> None:
         "[train.train_policy]\nuncentralized_training = true\n"
     )
     loaded = loads_config(text)
-    assert loaded.config == Config()
+    expected = Config()
+    expected.train.train_batch_per_replica = 8  # Cosmos-RL's SFT batch is per rank: 1 x dp_shard_size 8
+    assert loaded.config == expected
     assert loaded.ignored == [
         "redis",
         "mode",
