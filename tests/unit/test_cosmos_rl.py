@@ -350,3 +350,17 @@ def test_in_process_reward_that_sanarl_lacks_stops_validate(run_cli, monkeypatch
     local = ["--set", "train.train_policy.use_remote_reward=false"]
     code, _, err = run_cli("validate", "--config", str(preset), *_validate_args(preset), *local)
     assert code == 2 and "reward `dance_grpo`" in err and "replace it" in err
+
+
+def test_the_validate_commands_of_the_migration_guide_run(run_cli, monkeypatch) -> None:
+    """docs/cosmos-rl.md's commands name Cosmos-RL's ./configs/ (here: the stored copies in tests/data/cosmos_rl)."""
+    monkeypatch.chdir(ROOT)
+    for var in ("REMOTE_REWARD_TOKEN", "REMOTE_REWARD_ENQUEUE_URL", "REMOTE_REWARD_FETCH_URL"):
+        monkeypatch.delenv(var, raising=False)
+    text = (ROOT / "docs" / "cosmos-rl.md").read_text()
+    commands = [line for line in text.splitlines() if line.startswith("sanarl validate --config ./configs/")]
+    assert len(commands) == 4
+    for command in commands:
+        args = command.replace("./configs/", f"{DATA / 'cosmos_rl'}/").split()[1:]
+        code, out, err = run_cli(*args)
+        assert code == 0 and "valid" in out, command + err
