@@ -172,7 +172,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     reward_report = _check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), [], cfg.train.output_dir)
-    for line in [*reward_report, *report(loaded.cosmos)]:
+    for line in [*reward_report, *report(loaded.cosmos), *_default_report(loaded)]:
         out.print(line, highlight=False)
     for note in [*loaded.notes, *getattr(dataset, "notes", [])]:
         _note_out(note)
@@ -189,6 +189,23 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     else:
         out.print(f"weights: found locally for {name}.")
     out.print("[bold green]valid[/]")
+
+
+def _default_report(loaded) -> list[str]:
+    """For a Cosmos-RL launch file (it sets `redis` or `mode`): the keys it leaves out whose Cosmos-RL default
+    differs from sanarl's, so the user sees where the run differs from Cosmos-RL's."""
+    from sanarl.config.cosmos_rl import default_differences
+
+    if not {"redis", "mode"} & set(loaded.cosmos):
+        return []
+    diffs = default_differences(loaded.config, loaded.given)
+    if not diffs:
+        return []
+    return [
+        "defaults: keys this Cosmos-RL preset does not set run with sanarl's defaults: "
+        + "; ".join(diffs)
+        + ". Set the keys to run as Cosmos-RL would."
+    ]
 
 
 def _check_reward_names(cfg) -> list[str]:

@@ -647,3 +647,74 @@ def adapt_sft_batch(cfg: Any, values: dict[str, Any]) -> str | None:
         f"(sanarl's train_batch_per_replica is the batch of one optimizer step over all ranks; with "
         "`--set policy.parallelism.dp_shard_size=1` it stays as written)."
     )
+
+
+# --- defaults -------------------------------------------------------------------------------------------------
+
+COSMOS_DEFAULTS: dict[str, Any] = {
+    "policy.model_gradient_checkpointing": True,
+    "policy.diffusers.offload": True,
+    "policy.diffusers.timesteps_fraction": 1.0,
+    "policy.diffusers.weight_copy_decay_type": 0,
+    "policy.diffusers.sample.num_steps": 40,
+    "policy.diffusers.sample.eval_num_steps": 40,
+    "policy.diffusers.sample.guidance_scale": 4.5,
+    "policy.diffusers.sample.noise_level": 1.0,
+    "policy.diffusers.sample.deterministic_sampling": False,
+    "policy.diffusers.sample.solver": "dpm2",
+    "policy.lora.r": 8,
+    "policy.lora.lora_alpha": 8.0,
+    "policy.lora.init_lora_weights": True,
+    "rollout.n_generation": 16,
+    "train.optm_lr": 1e-6,
+    "train.optm_warmup_steps": 20,
+    "train.epsilon": 1e-6,
+    "train.ema_decay": 0.9999,
+    "train.param_dtype": "bfloat16",
+    "train.compile": True,
+    "train.ckpt.enable_checkpoint": False,
+    "train.ckpt.save_freq": 20,
+    "train.ckpt.max_keep": 5,
+    "train.train_policy.remote_reward.reward_clip_min": -5.0,
+    "train.train_policy.remote_reward.reward_clip_max": 5.0,
+    "train.train_policy.remote_reward.reward_fns.clip_min": -5.0,
+    "train.train_policy.remote_reward.reward_fns.clip_max": 5.0,
+    "validation.freq": 20,
+}
+"""Cosmos-RL's defaults (`SOURCE`) where they differ from sanarl's and change what a run does."""
+
+_RL_ONLY = (
+    "rollout.",
+    "train.train_policy.remote_reward.",
+    "policy.diffusers.timesteps_fraction",
+    "policy.diffusers.weight_copy_decay_type",
+)
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def default_differences(cfg: Any, given: set[str]) -> list[str]:
+    """`key = sanarl value (Cosmos-RL's default: X)` for each key of `COSMOS_DEFAULTS` that the run does not set
+    (`given`: the keys the file and overrides set) and whose sanarl default differs; RL keys only for RL runs, LoRA
+    keys only with LoRA, reward clips per reward entry."""
+    rl = cfg.train.train_policy.type == "grpo"
+    out = []
+    for path, cosmos in COSMOS_DEFAULTS.items():
+        if (path.startswith(_RL_ONLY) and not rl) or (
+            path.startswith("policy.lora.") and cfg.policy.lora is None
+        ):
+            continue
+        if ".reward_fns." in path:
+            attr = path.rpartition(".")[2]
+            fns = cfg.train.train_policy.remote_reward.reward_fns
+            values = [
+                (f"{path.rpartition('.')[0]}[{i}].{attr}", getattr(fn, attr)) for i, fn in enumerate(fns)
+            ]
+        else:
+            values = [(path, _get(cfg, path))]
+        out += [f"{p} = {v!r} (Cosmos-RL's: {cosmos!r})" for p, v in values if p not in given and v != cosmos]
+    return out

@@ -51,6 +51,8 @@ class LoadedConfig:
     """The preset file (absolute), or `<string>` for text loaded with `loads_config`."""
     cosmos: dict[str, Any] = field(default_factory=dict)
     """Dropped Cosmos-RL keys -> their values, `--set` overrides applied (e.g. `policy.parallelism.dp_shard_size`)."""
+    given: set[str] = field(default_factory=set)
+    """Dotted paths (list indices as `[i]`) of the schema keys the file or an override set (the rest are defaults)."""
 
 
 @dataclass
@@ -61,6 +63,7 @@ class _Ctx:
     ignored: list[str]
     notes: list[str]
     cosmos: dict[str, Any] = field(default_factory=dict)
+    given: set[str] = field(default_factory=set)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -100,12 +103,19 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
     data = _parse_toml(text, where)
     ctx = _Ctx(where=where, ignored=[], notes=[])
     cfg = _build(Config, data, "", ctx)
-    cfg = apply_overrides(cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.cosmos)
+    cfg = apply_overrides(
+        cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.cosmos, given=ctx.given
+    )
     ctx.notes.extend(note for note in [cosmos_rl.adapt_sft_batch(cfg, ctx.cosmos)] if note)
     ctx.notes.extend(check_config(cfg))
     resolved = Path(source).expanduser().resolve() if isinstance(source, Path) else Path(source)
     return LoadedConfig(
-        config=cfg, ignored=_unique(ctx.ignored), notes=_unique(ctx.notes), source=resolved, cosmos=ctx.cosmos
+        config=cfg,
+        ignored=_unique(ctx.ignored),
+        notes=_unique(ctx.notes),
+        source=resolved,
+        cosmos=ctx.cosmos,
+        given=ctx.given,
     )
 
 
@@ -383,6 +393,7 @@ def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
         if key not in hints:
             raise _unknown_key(key, path, cls, ctx.where)
         kwargs[key] = _coerce(_cosmos_value(dotted, value, ctx), hints[key], dotted, ctx)
+        ctx.given.add(dotted)
     return cls(**kwargs)
 
 
@@ -450,6 +461,7 @@ def apply_overrides(
     ignored: list[str] | None = None,
     notes: list[str] | None = None,
     cosmos: dict[str, Any] | None = None,
+    given: set[str] | None = None,
 ) -> Config:
     """Return a copy of `cfg` with each "dotted.key=value" override applied in order (later ones win).
 
@@ -463,9 +475,10 @@ def apply_overrides(
     ignored = [] if ignored is None else ignored
     notes = [] if notes is None else notes
     cosmos = {} if cosmos is None else cosmos
+    given = set() if given is None else given
     for item in overrides:
         key, raw = _split_override(item)
-        ctx = _Ctx(where=f"--set `{item}`", ignored=ignored, notes=notes, cosmos=cosmos)
+        ctx = _Ctx(where=f"--set `{item}`", ignored=ignored, notes=notes, cosmos=cosmos, given=given)
         if key in _ALIASES:
             notes.append(_alias_note(key, _ALIASES[key], ctx.where))
             key = _ALIASES[key]
@@ -530,6 +543,7 @@ def _set_path(cfg: Config, key: str, raw: str, ctx: _Ctx) -> None:
         dotted = f"{path}.{part}" if path else part
         if last:
             setattr(obj, part, _cosmos_value(dotted, _parse_override(raw, hints[part], dotted, ctx), ctx))
+            ctx.given.add(dotted)
             return
         obj = _descend(obj, part, hints[part], dotted, ctx)
         path = dotted

@@ -239,6 +239,23 @@ def test_cosmos_rl_sft_batch_is_per_rank() -> None:
     assert loads_config(dump_toml(loaded.config)).config.train.train_batch_per_replica == 8
 
 
+def test_defaults_that_differ_from_cosmos_rl_are_listed_for_keys_the_file_leaves_out() -> None:
+    text = (DATA / "cosmos_rl" / "sana" / "sana-image-nft.toml").read_text()
+    loaded = loads_config(text, ["train.ckpt.max_keep=5"])
+    diffs = cosmos_rl.default_differences(loaded.config, loaded.given)
+    assert "train.train_policy.remote_reward.reward_fns[0].clip_max = None (Cosmos-RL's: 5.0)" in diffs
+    assert "validation.freq = 100 (Cosmos-RL's: 20)" in diffs
+    # set in the file (guidance_scale, timestep_fraction via its alias) or by --set (max_keep): not listed
+    assert not [
+        d for d in diffs if d.startswith(("policy.diffusers.sample.guidance_scale", "train.ckpt.max_keep"))
+    ]
+    assert not [d for d in diffs if d.startswith("policy.diffusers.timesteps_fraction")]
+    assert (
+        "train.ckpt.max_keep" in loaded.given
+        and "train.train_policy.remote_reward.reward_fns[0].name" in loaded.given
+    )
+
+
 def test_not_applicable_values_are_reported_with_what_sanarl_does() -> None:
     lines = cosmos_rl.report({"train.sync_weight_interval": 4, "train.ckpt.save_mode": "async"})
     assert any(line.startswith("not applicable: train.sync_weight_interval = 4.") for line in lines)
@@ -328,6 +345,7 @@ def test_cosmos_rl_preset_validates_unchanged(preset, run_cli, monkeypatch) -> N
     assert code == 0, err + out
     assert "valid" in out and "8 rank(s)" in out
     assert "not applicable:" in out and "Cosmos-RL's launcher" in out + err
+    assert "defaults: keys this Cosmos-RL preset does not set" in out
 
 
 def test_validate_plans_with_the_overrides(run_cli) -> None:
