@@ -377,7 +377,17 @@ RENAMED: dict[str, tuple[str, str]] = {
     ),
     "logging.log_interval": ("logging.log_freq", "console / tracker logging every N steps"),
 }
-"""Cosmos-RL key -> (sanarl key, why / what differs). Both given is an error."""
+"""Cosmos-RL key -> (sanarl key, why / what differs). Both given is an error, except for `SHADOWED` keys."""
+
+SHADOWED: dict[str, NotApplicable] = {
+    "rollout.batch_size": NotApplicable(
+        "with rollout.n_generation_mini_batch also set, this is Cosmos-RL's rollout.batch_size: prompts per "
+        "rollout request, which sanarl does not need (sanarl's rollout.batch_size, images per forward pass, is "
+        "then n_generation_mini_batch)"
+    ),
+}
+"""sanarl keys that are also Cosmos-RL keys with another meaning, and a `RENAMED` key maps onto them: with both
+given, the renamed key wins and this one is dropped as Cosmos-RL's."""
 
 VALUE_MAPS: dict[str, dict[Any, tuple[Any, str]]] = {
     "rollout.backend": {
@@ -420,6 +430,8 @@ def treatment(path: str) -> NotApplicable | None:
     plain = strip_indices(path)
     if plain in NOT_APPLICABLE:
         return NOT_APPLICABLE[plain]
+    if plain in SHADOWED:
+        return SHADOWED[plain]
     root = plain.split(".")[0]
     if root in FREE_TABLES:
         return NotApplicable(FREE_TABLES[root])

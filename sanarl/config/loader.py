@@ -258,6 +258,9 @@ def _apply_aliases(data: dict[str, Any], path: str, ctx: _Ctx) -> dict[str, Any]
         c_key = canonical.rpartition(".")[2]
         if a_parent != path or a_key not in out:
             continue
+        if c_key in out and canonical in cosmos_rl.SHADOWED:  # Cosmos-RL's own key of that name means else
+            ctx.ignored.append(canonical)
+            ctx.cosmos[canonical] = out.pop(c_key)
         if c_key in out:
             raise ConfigError(
                 f"both `{alias}` and `{canonical}` are set in {ctx.where}; they are the same setting "

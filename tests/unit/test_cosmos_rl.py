@@ -98,7 +98,6 @@ EXAMPLES: dict[str, Any] = {
     "custom": {"anything": 1},
 }
 SFT_ONLY = {key for key, e in SCHEMA["keys"].items() if e["models"] == ["SFTDataConfig"]}
-SFT_ONLY.add("rollout.n_generation_mini_batch")  # sanarl reads it as rollout.batch_size: not both in one file
 
 
 def _value(key: str, entry: dict[str, Any]) -> Any:
@@ -173,9 +172,9 @@ def _check_loaded(flat: dict[str, Any], text: str) -> None:
     cfg, honoured = loaded.config, sanarl_leaves()
     dropped = {cosmos_rl.strip_indices(k): v for k, v in loaded.cosmos.items()}
     for key, value in flat.items():
-        if key in cosmos_rl.RENAMED:
-            key = cosmos_rl.RENAMED[key][0]
-        if cosmos_rl.treatment(key) is not None:
+        renamed = key in cosmos_rl.RENAMED
+        key = cosmos_rl.RENAMED[key][0] if renamed else key
+        if not renamed and cosmos_rl.treatment(key) is not None:
             assert dropped[key] == value, key
             continue
         assert key in honoured, key
@@ -219,6 +218,13 @@ def test_value_maps_and_refusals() -> None:
         loads_config('[train.ckpt]\nsave_mod = "async"\n')
     with pytest.raises(ConfigError, match="did you mean `vla.num_envs`"):
         loads_config("[vla]\nnum_env = 2\n")
+
+
+def test_n_generation_mini_batch_wins_over_cosmos_rl_rollout_batch_size() -> None:
+    loaded = loads_config("[rollout]\nbatch_size = 2\nn_generation_mini_batch = 6\n")
+    assert loaded.config.rollout.batch_size == 6 and loaded.cosmos == {"rollout.batch_size": 2}
+    assert "prompts per rollout request" in cosmos_rl.report(loaded.cosmos)[0]
+    assert loads_config("[rollout]\nbatch_size = 2\n").config.rollout.batch_size == 2
 
 
 def test_timestep_fraction_defect_is_reported_and_the_file_honoured() -> None:
