@@ -78,14 +78,18 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
 
     from sanarl import api
     from sanarl.config import load_config
-    from sanarl.config.plugins import cosmos_plugin
+    from sanarl.config.plugins import cosmos_plugin, resolve_plugin
 
     loaded = load_config(resolve_preset_path(config), overrides or [])
     main_process = PartialState().is_main_process
     plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
+    resolve_plugin(plugin_spec)  # before the reward check: a plugin may register rewards
+    reward_warnings = [line for line in _check_reward_names(loaded.config) if line.startswith("warning: ")]
     if main_process:
         for note in loaded.notes:
             _note(note)
+        for line in reward_warnings:
+            console.print(f"[yellow]warning:[/] {line.removeprefix('warning: ')}", highlight=False)
     outcome = api.train(
         loaded,
         plugin_spec,

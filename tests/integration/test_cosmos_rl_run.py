@@ -43,3 +43,20 @@ def test_tiny_run_from_a_cosmos_rl_preset(run_cli, tmp_path):
     resolved = (out_dir / "config.toml").read_text()
     assert 'backend = "diffusers"' in resolved and "timesteps_fraction = 0.99" in resolved
     assert (out_dir / "export").is_dir()
+
+
+def test_a_reward_sanarl_cannot_score_stops_the_run_before_weights_load(run_cli, tmp_path):
+    """SANA 1.5's weights are not here: the run must stop on the reward name, not on the missing weights."""
+    code, _, err = run_cli(
+        "--config",
+        str(PRESET),
+        "cosmos_rl.tools.dataset.diffusion_nft",
+        "--set",
+        "train.train_policy.use_remote_reward=false",
+        "--set",
+        "train.train_policy.remote_reward.reward_fns.0.name=image_reward",
+        "--set",
+        f"train.output_dir={tmp_path / 'run'}",
+    )
+    assert code == 2 and "reward `image_reward`" in err and "imagereward" in err
+    assert "hf download" not in err and not (tmp_path / "run").exists()
