@@ -134,7 +134,11 @@ def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: P
     ]
     for label, value in base + rows:
         table.add_row(label, value)
-    if ignored:
+    if len(ignored) > 6:
+        table.add_row(
+            "ignored keys", f"{len(ignored)} Cosmos-RL keys (`sanarl validate` says what sanarl does instead)"
+        )
+    elif ignored:
         table.add_row("ignored keys", ", ".join(ignored))
     out.print(table)
 

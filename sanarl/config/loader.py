@@ -421,13 +421,19 @@ def _drop_cosmos(dotted: str, value: Any, ctx: _Ctx) -> bool:
         for i, item in enumerate(value if array else [value]):
             where = f"{dotted}[{i}]" if array else dotted
             if not isinstance(item, dict):
-                raise _type_error(where, dict, item, ctx.where)
+                raise ConfigError(
+                    f"wrong type for `{where}` in {ctx.where}: expected a table (Cosmos-RL's "
+                    f"[{cosmos_rl.strip_indices(where)}] section), got {item!r} ({_kind(item)}). Make it a table."
+                )
             known = cosmos_rl.known_children(dotted)
             for key, sub in item.items():
                 if key not in known or not _drop_cosmos(f"{where}.{key}", sub, ctx):
                     raise _unknown_cosmos_key(key, where, known, ctx.where)
         return True
     if cosmos_rl.treatment(dotted) is None:
+        parent, _, key = dotted.rpartition(".")
+        if parent and cosmos_rl.is_table(parent):
+            raise _unknown_cosmos_key(key, parent, cosmos_rl.known_children(parent), ctx.where)
         return False
     try:
         cosmos_rl.check_choice(dotted, value)

@@ -218,6 +218,10 @@ def test_value_maps_and_refusals() -> None:
         loads_config('[train.ckpt]\nsave_mod = "async"\n')
     with pytest.raises(ConfigError, match="did you mean `vla.num_envs`"):
         loads_config("[vla]\nnum_env = 2\n")
+    with pytest.raises(ConfigError, match="did you mean `policy.parallelism.dp_shard_size`"):
+        loads_config("", ["policy.parallelism.dp_shard_sise=1"])
+    with pytest.raises(ConfigError, match="expected a table"):
+        loads_config("[train]\nfp8 = true\n")
 
 
 def test_n_generation_mini_batch_wins_over_cosmos_rl_rollout_batch_size() -> None:
