@@ -432,7 +432,7 @@ def _drop_cosmos(dotted: str, value: Any, ctx: _Ctx) -> bool:
         return True
     if cosmos_rl.treatment(dotted) is None:
         parent, _, key = dotted.rpartition(".")
-        if parent and cosmos_rl.is_table(parent):
+        if parent and cosmos_rl.is_table(parent) and not _in_schema(parent):
             raise _unknown_cosmos_key(key, parent, cosmos_rl.known_children(parent), ctx.where)
         return False
     try:
