@@ -13,7 +13,10 @@ these (and not in sanarl's schema) is still an error with a did-you-mean. Cosmos
 keys silently; where its own presets rely on that by accident (`timestep_fraction`), the note says what Cosmos-RL
 really ran, and sanarl does what the file says.
 
-This module only holds data and small lookups; `loader.py` calls `treatment`, `known_children`, `map_value`.
+Also here, as data with small lookups: Cosmos-RL's dataset launcher names (`PLUGINS`, used by `plugins.py`), its
+reward-service names (`REWARDS`, used by `sanarl validate`), its defaults where they differ from sanarl's
+(`COSMOS_DEFAULTS`) and its per-rank SFT batch (`adapt_sft_batch`). `loader.py` calls `treatment`,
+`known_children`, `is_table`, `map_value`, `check_choice` and `adapt_sft_batch`.
 """
 
 from __future__ import annotations

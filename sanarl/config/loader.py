@@ -503,7 +503,7 @@ def apply_overrides(
 def _in_schema(key: str) -> bool:
     """Whether the dotted `key` (list indices as numbers) names a field of sanarl's schema."""
     cls: Any = Config
-    for part in key.split("."):
+    for part in cosmos_rl.strip_indices(key).split("."):
         if part.isdigit():
             continue
         if cls is None or part not in _hints(cls):
