@@ -273,3 +273,21 @@ def test_remote_reward_function_equals_in_process_for_clip(service):
     got = remote(x, PROMPTS)
     torch.testing.assert_close(got.total, local.total, atol=1e-6, rtol=0)
     torch.testing.assert_close(got.per_key["clipscore"], local.per_key["clipscore"], atol=1e-6, rtol=0)
+
+
+def test_validate_asks_the_service_whether_it_serves_the_rewards(service, tmp_path, monkeypatch, run_cli):
+    """`sanarl validate` with REMOTE_REWARD_* set checks the names against /health before any weights load."""
+    remote_env(monkeypatch, service)
+    preset = tmp_path / "remote.toml"
+    preset.write_text(
+        PRESET.read_text() + '\n[[train.train_policy.remote_reward.reward_fns]]\nname = "shapes"\n'
+    )
+    remote = ["--set", "train.train_policy.use_remote_reward=true"]
+    code, out, err = run_cli("validate", "--config", str(preset), SHAPES, *remote)
+    assert code == 0, err
+    assert "reward `shapes`: scored on the reward service" in out and "its /health answers" in out
+    preset.write_text(
+        PRESET.read_text() + '\n[[train.train_policy.remote_reward.reward_fns]]\nname = "motion_x"\n'
+    )
+    code, _, err = run_cli("validate", "--config", str(preset), SHAPES, *remote)
+    assert code == 2 and "motion_x" in err and "does not serve" in err
