@@ -203,7 +203,8 @@ def missing_split(req: Request, folder: Path) -> DataError:
     what = f"the {req.name} prompt set" if req.name else "the prompt folder"
     msg = (
         f"`{req.key}.split` = {req.split!r}: {what} has no {req.split!r} split in {str(folder)!r} (found: "
-        f"{', '.join(splits_in(folder)) or 'none'}; expected {req.split}.txt or {req.split}_metadata.jsonl)."
+        f"{', '.join(splits_in(folder)) or 'none'}; expected {req.split}.txt, one prompt a line, or "
+        f'{req.split}_metadata.jsonl, one {{"prompt": ...}} object a line).'
     )
     if req.name == "geneval":
         msg += (

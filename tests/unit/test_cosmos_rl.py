@@ -392,3 +392,20 @@ def test_the_validate_commands_of_the_migration_guide_run(run_cli, monkeypatch) 
         args = command.replace("./configs/", f"{DATA / 'cosmos_rl'}/").split()[1:]
         code, out, err = run_cli(*args)
         assert code == 0 and "valid" in out, command + err
+
+
+@pytest.mark.parametrize("name", ["pickscore", "ocr", "geneval", "drawbench", "dance_grpo_t2v"])
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_cosmos_rl_prompt_set_names_resolve_or_name_the_file_to_provide(name, split) -> None:
+    """Cosmos-RL's diffusion_nft launcher knows pickscore, ocr, geneval, dance_grpo_t2v (its guide adds drawbench)."""
+    from sanarl.datasets import diffusion_nft
+    from sanarl.errors import DataError
+
+    try:
+        data = diffusion_nft.get_dataset(_rl_config(name, split))
+    except DataError as err:
+        message = str(err)
+        assert split == "train" and name in ("ocr", "geneval", "drawbench"), message
+        assert "train.txt" in message or "generated" in message, message
+        return
+    assert len(data) > 0 and isinstance(data[0]["prompt"], str)
