@@ -733,3 +733,21 @@ def default_differences(cfg: Any, given: set[str]) -> list[str]:
             values = [(path, _get(cfg, path))]
         out += [f"{p} = {v!r} (Cosmos-RL's: {cosmos!r})" for p, v in values if p not in given and v != cosmos]
     return out
+
+
+GRPO_HINTS = ("temperature", "epsilon_low", "epsilon_high", "kl_beta", "use_remote_reward")
+"""`[train.train_policy]` keys from which Cosmos-RL infers `type = "grpo"` when the type is not given."""
+
+
+def inferred_type_note(given: set[str], values: dict[str, Any]) -> str | None:
+    """A note when `train.train_policy.type` is left out but Cosmos-RL would infer "grpo" from the other keys."""
+    if "train.train_policy.type" in given:
+        return None
+    present = {key.rpartition(".")[2] for key in [*given, *values] if key.startswith("train.train_policy.")}
+    hints = [key for key in GRPO_HINTS if key in present]
+    if not hints:
+        return None
+    return (
+        f"`train.train_policy.type` is not set, so sanarl trains SFT (its default); Cosmos-RL would infer "
+        f'type = "grpo" from {", ".join(hints)}. Set train.train_policy.type to say which.'
+    )

@@ -106,7 +106,11 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
     cfg = apply_overrides(
         cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.cosmos, given=ctx.given
     )
-    ctx.notes.extend(note for note in [cosmos_rl.adapt_sft_batch(cfg, ctx.cosmos)] if note)
+    cosmos_notes = [
+        cosmos_rl.inferred_type_note(ctx.given, ctx.cosmos),
+        cosmos_rl.adapt_sft_batch(cfg, ctx.cosmos),
+    ]
+    ctx.notes.extend(note for note in cosmos_notes if note)
     ctx.notes.extend(check_config(cfg))
     resolved = Path(source).expanduser().resolve() if isinstance(source, Path) else Path(source)
     return LoadedConfig(

@@ -478,7 +478,8 @@ def test_flow_grpo_with_sde_passes_and_warns_about_deterministic_sampling() -> N
 
 
 def test_warnings_for_settings_without_effect_become_notes() -> None:
-    loaded = loads_config("[train.train_policy]\nkl_beta = 0.1\n[validation]\nval_before_train = true\n")
+    text = '[train.train_policy]\ntype = "sft"\nkl_beta = 0.1\n[validation]\nval_before_train = true\n'
+    loaded = loads_config(text)
     assert loaded.notes == [
         "train.train_policy.kl_beta = 0.1 has no effect for SFT; it is ignored.",
         "validation.val_before_train = true has no effect while validation.enable = false.",

@@ -231,6 +231,14 @@ def test_n_generation_mini_batch_wins_over_cosmos_rl_rollout_batch_size() -> Non
     assert loads_config("[rollout]\nbatch_size = 2\n").config.rollout.batch_size == 2
 
 
+def test_a_left_out_type_that_cosmos_rl_would_infer_as_grpo_is_noted() -> None:
+    loaded = loads_config("[train.train_policy]\nkl_beta = 0.1\nuncentralized_training = true\n")
+    assert loaded.config.train.train_policy.type == "sft"
+    assert any('Cosmos-RL would infer type = "grpo" from kl_beta' in note for note in loaded.notes)
+    stated = loads_config('[train.train_policy]\ntype = "sft"\nkl_beta = 0.1\n')
+    assert not any("would infer" in note for note in stated.notes)
+
+
 def test_timestep_fraction_defect_is_reported_and_the_file_honoured() -> None:
     loaded = loads_config("[policy.diffusers]\ntimestep_fraction = 0.99\n")
     assert loaded.config.policy.diffusers.timesteps_fraction == 0.99
