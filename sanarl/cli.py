@@ -179,7 +179,8 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     cls = task_class(cfg)
     reward_report = _check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
-    _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), [], cfg.train.output_dir)
+    val_rows = _validation_rows(cfg, plugin)
+    _print_plan(cfg, cls.describe(cfg, len(dataset), world_size) + val_rows, [], cfg.train.output_dir)
     for line in [*reward_report, *report(loaded.cosmos), *_default_report(loaded)]:
         out.print(line, highlight=False)
     for note in [*loaded.notes, *getattr(dataset, "notes", [])]:
@@ -197,6 +198,17 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     else:
         out.print(f"weights: found locally for {name}.")
     out.print("[bold green]valid[/]")
+
+
+def _validation_rows(cfg, plugin) -> list[tuple[str, str]]:
+    """With validation on, the plugin's validation set is loaded here too (a bad one would stop the run at its
+    first validation, after hours); returns the plan row."""
+    if not cfg.validation.enable or getattr(plugin, "get_val_dataset", None) is None:
+        return []
+    val = plugin.get_val_dataset(cfg)
+    if val is None:
+        return [("validation", f"every {cfg.validation.freq} steps, prompts from the training set")]
+    return [("validation", f"every {cfg.validation.freq} steps, {len(val)} validation prompts")]
 
 
 def _default_report(loaded) -> list[str]:

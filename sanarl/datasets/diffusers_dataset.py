@@ -420,11 +420,42 @@ def get_dataset(config: Config, random_crop: bool = False) -> DiffusersFolderDat
     )
 
 
-def get_val_dataset(config: Config) -> DiffusersFolderDataset | None:
-    """Validation dataset from `validation.dataset.local_dir` (same layout and items), or None when it is unset."""
+def read_prompt_list(path: Path, key: str = VAL_KEY) -> list[dict[str, Any]]:
+    """Cosmos-RL's validation file: one JSON array of objects with a "prompt" string -> `{"prompt", "metadata"}` items.
+
+    Raises:
+        DataError: naming the file (and the entry) when it is not such an array.
+    """
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"`{key}`: cannot read {str(path)!r} as JSON ({exc}).") from exc
+    if not isinstance(rows, list) or not rows:
+        raise DataError(
+            f'`{key}`: {str(path)!r} must be a non-empty JSON array such as [{{"prompt": "a red cube"}}, ...] '
+            "(Cosmos-RL's validation prompt file), or a folder of <stem>.json + image pairs."
+        )
+    items = []
+    for i, row in enumerate(rows):
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DataError(f'`{key}`: entry {i} of {str(path)!r} has no non-empty "prompt" string.')
+        items.append({"prompt": prompt.strip(), "metadata": {}})
+    return items
+
+
+def get_val_dataset(config: Config) -> DiffusersFolderDataset | list[dict[str, Any]] | None:
+    """Validation dataset from `validation.dataset.local_dir` (same layout and items), or None when it is unset.
+
+    A `.json` file there is Cosmos-RL's validation format instead: a JSON array of `{"prompt": ...}` objects,
+    read as prompt items (validation only needs the prompts).
+    """
     local_dir = config.validation.dataset.local_dir
     if not local_dir.strip():
         return None
+    path = Path(local_dir).expanduser()
+    if path.suffix.lower() == ".json" and path.is_file():
+        return read_prompt_list(path)
     return DiffusersFolderDataset(
         local_dir,
         config.policy.diffusers.inference_size,

@@ -339,11 +339,13 @@ def test_reward_lines_read_the_registry() -> None:
 
 def _validate_args(preset: Path) -> list[str]:
     if "sft" in preset.name:
-        data = "sft_video" if "video" in preset.name else "sft"
+        data = ROOT / "datasets" / "examples" / ("sft_video" if "video" in preset.name else "sft")
         return [
             "cosmos_rl.tools.dataset.diffusers_dataset",
             "--set",
-            f"train.train_policy.dataset.local_dir={ROOT / 'datasets' / 'examples' / data}",
+            f"train.train_policy.dataset.local_dir={data}",
+            "--set",
+            f"validation.dataset.local_dir={data}",
         ]
     return ["cosmos_rl.tools.dataset.diffusion_nft"]
 
@@ -364,6 +366,30 @@ def test_cosmos_rl_preset_validates_unchanged(preset, run_cli, monkeypatch) -> N
     assert "valid" in out and "8 rank(s)" in out
     assert "not applicable:" in out and "Cosmos-RL's launcher" in out + err
     assert "defaults: keys this Cosmos-RL preset does not set" in out
+
+
+def test_sft_presets_placeholder_data_dirs_stop_validate(run_cli) -> None:
+    """Cosmos-RL's SFT presets name `local_validation_dir` / `local_dir`: validate says so before any weights load."""
+    preset = DATA / "cosmos_rl" / "sana" / "sana-image-sft.toml"
+    code, _, err = run_cli("validate", "--config", str(preset), "cosmos_rl.tools.dataset.diffusers_dataset")
+    assert code == 2 and "train.train_policy.dataset.local_dir" in err and "local_validation_dir" in err
+    args = _validate_args(preset)[:3]  # training data given, validation still the placeholder
+    code, _, err = run_cli("validate", "--config", str(preset), *args)
+    assert code == 2 and "validation.dataset.local_dir" in err and "local_dir" in err
+
+
+def test_cosmos_rl_validation_prompt_file_is_read(run_cli, tmp_path) -> None:
+    """Cosmos-RL's SFT validation set is a JSON array of {"prompt": ...} objects (not a folder)."""
+    prompts = tmp_path / "val.json"
+    prompts.write_text(json.dumps([{"prompt": "a red cube"}, {"prompt": "a blue ball"}]))
+    preset = DATA / "cosmos_rl" / "sana" / "sana-image-sft.toml"
+    args = [*_validate_args(preset)[:3], "--set", f"validation.dataset.local_dir={prompts}"]
+    code, out, err = run_cli("validate", "--config", str(preset), *args)
+    assert code == 0, err
+    assert "2 validation prompts" in out
+    prompts.write_text(json.dumps([{"text": "no prompt key"}]))
+    code, _, err = run_cli("validate", "--config", str(preset), *args)
+    assert code == 2 and "entry 0" in err and '"prompt"' in err
 
 
 def test_validate_plans_with_the_overrides(run_cli) -> None:
