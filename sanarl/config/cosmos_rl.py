@@ -423,6 +423,22 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
 """Honoured key -> {Cosmos-RL value sanarl refuses: why}."""
 
 
+UNSUPPORTED_FORMS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "train.optm_lr": ((list, dict), "per-optimizer or per-module learning rates; sanarl takes one number"),
+    "train.optm_impl": (list, "one implementation per optimizer; sanarl takes one name"),
+    "train.optm_warmup_steps": (
+        float,
+        "a fraction of the total steps (Cosmos-RL's float form); sanarl takes a step count: set an integer",
+    ),
+    "policy.lora.target_modules": (
+        str,
+        "one string (Cosmos-RL's form for 'all-linear'); sanarl takes a list of module name suffixes (leave the "
+        "key out for the model family's attention projections)",
+    ),
+}
+"""Honoured key -> (Python type of a Cosmos-RL value form sanarl does not take, what that form means)."""
+
+
 def strip_indices(path: str) -> str:
     """`a.b[0].c` -> `a.b.c` (array items share one entry)."""
     return re.sub(r"\[\d+\]", "", path)
@@ -459,6 +475,9 @@ def map_value(path: str, value: Any) -> tuple[Any, str | None]:
     A value Cosmos-RL accepts but sanarl cannot run raises `ValueError` with the reason.
     """
     plain = strip_indices(path)
+    form = UNSUPPORTED_FORMS.get(plain)
+    if form is not None and isinstance(value, form[0]) and not isinstance(value, bool):
+        raise ValueError(f"`{plain}` = {value!r} is {form[1]}.")
     if plain.endswith("dataset.split") and isinstance(value, list):
         if len(value) == 1 and isinstance(value[0], str):
             return value[0], f"`{plain}` = {value!r} is read as {value[0]!r} (one split)."

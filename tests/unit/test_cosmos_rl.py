@@ -212,6 +212,12 @@ def test_value_maps_and_refusals() -> None:
     assert any("diffusion_nft_rollout" in n for n in loaded.notes)
     with pytest.raises(ConfigError, match="LLM rollout engine"):
         loads_config('[rollout]\nbackend = "vllm"\n')
+    with pytest.raises(ConfigError, match="fraction of the total steps"):
+        loads_config("[train]\noptm_warmup_steps = 0.1\n")
+    with pytest.raises(ConfigError, match="per-module learning rates"):
+        loads_config("[train.optm_lr]\nglobal = 1e-4\n")
+    with pytest.raises(ConfigError, match="'all-linear'"):
+        loads_config('[policy.lora]\ntarget_modules = "all-linear"\n')
     with pytest.raises(ConfigError, match="not one of Cosmos-RL's values"):
         loads_config('[train.ckpt]\nsave_mode = "later"\n')
     with pytest.raises(ConfigError, match="did you mean `train.ckpt.save_mode`"):
