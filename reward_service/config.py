@@ -120,6 +120,9 @@ class RewardArgs:
     """Model dtype passed as the reward's `dtype` option ("" = the reward's default)."""
     model_path: str = ""
     """Model directory or Hub id passed as the reward's `model` option ("" = the reward's default)."""
+    download_path: str = ""
+    """Cosmos-RL's key: the directory holding a reward's base model (passed as its `download_path` option when set;
+    `dance_grpo` finds `<download_path>/Qwen2-VL-2B-Instruct` there)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Other keyword options of the reward (e.g. `{ batch_size = 16 }`)."""
     video_frame_stride: int = 1
@@ -135,6 +138,8 @@ class RewardArgs:
             options["model"] = self.model_path
         if self.dtype:
             options["dtype"] = self.dtype
+        if self.download_path:
+            options["download_path"] = self.download_path
         return options
 
 

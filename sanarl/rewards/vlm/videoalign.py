@@ -382,15 +382,19 @@ class VideoAlign(qwen.VideoVlmReward):
             return str(Path(self.download_path).expanduser() / "Qwen2-VL-2B-Instruct")
         return config.base_model
 
-    def _load(self) -> None:
+    def check_weights(self) -> tuple[Path, VideoAlignConfig, Path, Path]:
+        """Resolve every file the reward needs without loading a model: (VideoReward dir, its config, base model
+        dir, checkpoint dir). Raises WeightsError naming each missing id and how to get it."""
         qwen.require_vlm_packages(self.name)
         fix = f"(the VideoReward checkpoint: `hf download {VIDEOREWARD_MODEL}`, or pass its directory as model=...)"
-        reward_dir = qwen.resolve_files_dir(
-            self.name, "model", self.model_name, ["model_config.json", "checkpoint-*"], fix
-        )
+        required = ["model_config.json", "checkpoint-*"]
+        reward_dir = qwen.resolve_files_dir(self.name, "model", self.model_name, required, fix)
         config = VideoAlignConfig.read(reward_dir / "model_config.json")
         base_dir = qwen.resolve_model_dir(self.name, "base_model", self._base_name(config))
-        checkpoint = latest_checkpoint(reward_dir, self.checkpoint_step)
+        return reward_dir, config, base_dir, latest_checkpoint(reward_dir, self.checkpoint_step)
+
+    def _load(self) -> None:
+        _, config, base_dir, checkpoint = self.check_weights()
         processor = qwen.load_processor(base_dir, self.name, padding_side="right")
         if config.special_tokens:
             processor.tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})

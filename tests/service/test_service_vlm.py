@@ -1,0 +1,120 @@
+"""`dance_grpo` served by a real `sanarl-reward` (embedded redis-server, one worker) on a tiny random VideoReward:
+whole clips scored as in-process, Cosmos-RL's video client protocol (`video_infos`, weights in `reward_fn`, form
+pulls, Cosmos-RL's score keys), sanarl's trainer client, and missing weights stopping the service at start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from service_helpers import TOKEN, Service, body, free_port, require_redis
+
+from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
+from sanarl.rewards import RewardFunction, build_reward
+from sanarl.rewards.remote import RemoteRewardFunction
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+pytest.importorskip("torchvision")
+
+PROMPTS = ["a red circle moves left", "a blue square moves up"]
+
+
+@pytest.fixture(scope="module")
+def videoreward():
+    from sanarl.rewards.vlm.tiny import ensure_tiny_videoalign
+
+    return ensure_tiny_videoalign()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, videoreward):
+    require_redis()
+    tmp = tmp_path_factory.mktemp("vlm-service")
+    port = free_port()
+    text = f"""
+port = {port}
+token = "{TOKEN}"
+log_level = "warning"
+[workers]
+count = 1
+torch_threads = 1
+[[reward_args]]
+reward_type = "dance_grpo"
+model_path = "{videoreward}"
+dtype = "float32"
+options = {{ batch_size = 2 }}
+"""
+    svc = Service(tmp, "vlm", text, port).start()
+    try:
+        svc.wait_healthy(timeout=180)
+        yield svc
+    finally:
+        assert svc.stop() == 0
+
+
+def uint8_clips(count: int, frames: int = 8, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, 3, frames, 16, 16), dtype=np.uint8)
+
+
+def test_cosmos_rl_video_client_request_gets_cosmos_rl_keys_equal_to_in_process(service, videoreward):
+    """The request Cosmos-RL's example/video_client.py sends (prompts, `{"dance_grpo": 1.0}`, video_infos with
+    video_fps), with decoded uint8 clips `[B, 3, T, H, W]` in place of its latents; pulled with form fields."""
+    clips = uint8_clips(2, frames=10)
+    infos = [{"video_fps": 16.0}, {"video_fps": 8.0}]
+    status, answer = service.enqueue(
+        body(clips, {"dance_grpo": 1.0}, PROMPTS, media_type="video", video_infos=infos)
+    )
+    assert status == 200, answer
+    status, result = service.result(answer["uuid"], "dance_grpo", timeout=120)
+    assert status == 200, result
+    scores = result["scores"]
+    assert {"vq_reward", "mq_reward", "ta_reward", "overall_reward"} <= set(scores)
+    assert result["type"] == "dance_grpo" and result["default_key"] == "overall_reward"
+    assert result["frames"] == {"whole_clip": True, "frames": 10}
+    assert result["input_info"]["video_infos"] == infos
+    local = build_reward("dance_grpo", model=str(videoreward), dtype="float32")
+    x = torch.from_numpy(clips).float() / 255.0
+    expected = local.score(x, PROMPTS, [{"video_info": info} for info in infos])
+    for key in ("vq_reward", "mq_reward", "ta_reward", "overall_reward"):
+        assert scores[key] == pytest.approx(expected[key].tolist(), abs=1e-4)
+
+
+def test_trainer_remote_reward_equals_in_process_on_whole_clips(service, videoreward):
+    config = RemoteRewardConfig(
+        reward_fns=[RewardFnConfig(name="dance_grpo", weight=1.0, score_key="overall_reward")],
+        video_frame_stride=4,  # a frame option of the run: whole-clip rewards ignore it, here and there
+    )
+    x = torch.from_numpy(uint8_clips(3, seed=1)).float() / 255.0
+    prompts = [*PROMPTS, "x"]
+    local = RewardFunction(config, options={"dance_grpo": {"model": str(videoreward), "dtype": "float32"}})(
+        x, prompts
+    )
+    remote = RemoteRewardFunction(
+        config,
+        enqueue_url=f"{service.url}/api/reward/enqueue",
+        fetch_url=f"{service.url}/api/reward/pull",
+        token=TOKEN,
+    )(x, prompts)
+    torch.testing.assert_close(remote.total, local.total, atol=1e-4, rtol=0)
+
+
+def test_missing_weights_stop_the_service_at_start_with_exit_code_2(tmp_path):
+    require_redis()
+    config = tmp_path / "missing.toml"
+    config.write_text(
+        f'port = {free_port()}\ntoken = "{TOKEN}"\n[workers]\ncount = 1\n'
+        '[[reward_args]]\nreward_type = "dance_grpo"\nmodel_path = "KwaiVGI/VideoReward"\n'
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "reward_service.cli", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "KwaiVGI/VideoReward" in run.stderr and "hf download" in run.stderr
