@@ -118,3 +118,33 @@ def test_missing_weights_stop_the_service_at_start_with_exit_code_2(tmp_path):
     )
     assert run.returncode == 2, run.stderr[-2000:]
     assert "KwaiVGI/VideoReward" in run.stderr and "hf download" in run.stderr
+
+
+def test_tiny_video_nft_trains_on_dance_grpo_through_the_service(service, tmp_path, monkeypatch):
+    """Issue 18's "Done when", service half: the same tiny video DiffusionNFT iteration as
+    tests/integration/test_vlm_video_train.py, its `dance_grpo` scores coming from sanarl-reward."""
+    import math
+    from pathlib import Path
+
+    from sanarl import api
+    from sanarl.config import load_config
+    from sanarl.core.tracking import read_metrics
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tests" / "integration"))
+    from test_vlm_video_train import SHAPES, TINY_STEPS, dance_grpo_preset
+
+    monkeypatch.setenv("REMOTE_REWARD_TOKEN", TOKEN)
+    monkeypatch.setenv("REMOTE_REWARD_ENQUEUE_URL", f"{service.url}/api/reward/enqueue")
+    monkeypatch.setenv("REMOTE_REWARD_FETCH_URL", f"{service.url}/api/reward/pull")
+    preset = dance_grpo_preset(tmp_path, "")
+    overrides = [
+        f"train.output_dir={tmp_path / 'run'}",
+        "train.train_policy.use_remote_reward=true",
+        *TINY_STEPS,
+    ]
+    api.train(load_config(preset, overrides), SHAPES)
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in records] == [1]
+    assert math.isfinite(records[0]["loss"]) and records[0]["grad_norm"] > 0
+    assert math.isfinite(records[0]["reward/dance_grpo"]) and "reward/dance_grpo/vq_reward" in records[0]
