@@ -98,7 +98,7 @@ def test_pool_scores_reads_the_head_at_the_special_tokens_the_last_token_or_the_
     mean = videoalign.pool_scores(three, ids, "mean", [], 0)
     assert torch.allclose(mean[0], three[0, :3].mean(0)) and torch.allclose(mean[1], three[1, :5].mean(0))
     with pytest.raises(RewardInputError, match="exactly once"):
-        videoalign.pool_scores(logits, torch.tensor([[7, 7, 8, 9, 0, 0]]), "special", [7, 8, 9], 0)
+        videoalign.pool_scores(logits[:1], torch.tensor([[7, 7, 8, 9, 0, 0]]), "special", [7, 8, 9], 0)
 
 
 def test_normalise_uses_the_checkpoints_means_and_stds():

@@ -37,9 +37,8 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.clip_models import parse_batch_size
-from sanarl.rewards.vlm import qwen, vision
+from sanarl.rewards.vlm import heads, qwen, vision
 
 VIDEOREWARD_MODEL = "KwaiVGI/VideoReward"
 BASE_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
@@ -185,22 +184,6 @@ def latest_checkpoint(directory: Path, step: int | None) -> Path:
     return found[step]
 
 
-def _strip(key: str) -> str:
-    """A VideoAlign / PEFT state-dict key in the transformers 4 layout, without the PEFT wrappers."""
-    key = key.removeprefix("base_model.model.")
-    return key.replace(".base_layer.", ".")
-
-
-def _to_current_layout(key: str) -> str:
-    """Transformers 4 Qwen2-VL names (`model.layers...`, `visual...`) -> this transformers' (`model.language_model...`,
-    `model.visual...`); `rm_head`, `lm_head` and names already in the new layout stay."""
-    if key.startswith("visual."):
-        return "model." + key
-    if key.startswith("model.") and not key.startswith(("model.language_model.", "model.visual.")):
-        return "model.language_model." + key.removeprefix("model.")
-    return key
-
-
 def checkpoint_state(
     checkpoint: Path, lora: dict[str, Any] | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
@@ -208,7 +191,7 @@ def checkpoint_state(
     full = checkpoint / "model.pth"
     if full.is_file():
         raw = torch.load(full, map_location="cpu", weights_only=True)
-        return {_to_current_layout(_strip(k)): v for k, v in raw.items()}, {}, 0.0
+        return {heads.to_current_layout(heads.strip_peft(k)): v for k, v in raw.items()}, {}, 0.0
     adapter, rest = checkpoint / "adapter_model.safetensors", checkpoint / "non_lora_state_dict.pth"
     if not (adapter.is_file() and rest.is_file()):
         raise WeightsError(
@@ -221,58 +204,17 @@ def checkpoint_state(
     from safetensors.torch import load_file
 
     plain = {
-        _to_current_layout(_strip(k)): v
+        heads.to_current_layout(heads.strip_peft(k)): v
         for k, v in torch.load(rest, map_location="cpu", weights_only=True).items()
     }
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in load_file(str(adapter)).items():
-        base, _, part = _strip(key).rpartition(".lora_")
-        target = _to_current_layout(base + ".weight")
+        base, _, part = heads.strip_peft(key).rpartition(".lora_")
+        target = heads.to_current_layout(base + ".weight")
         pairs.setdefault(target, {})[part.split(".")[0]] = value
     rank, alpha = int(lora.get("lora_r", 16)), float(lora.get("lora_alpha", 32))
     scale = alpha / math.sqrt(rank) if lora.get("use_rslora") else alpha / rank
     return plain, {k: (v["A"], v["B"]) for k, v in pairs.items()}, scale
-
-
-class RewardHeadModel(torch.nn.Module):
-    """A Qwen2-VL model and VideoAlign's `rm_head` (Linear(hidden, output_dim, bias=False))."""
-
-    def __init__(self, vlm: Any, output_dim: int) -> None:
-        super().__init__()
-        self.vlm = vlm
-        self.rm_head = torch.nn.Linear(vlm.config.text_config.hidden_size, output_dim, bias=False)
-
-    def load_checkpoint(
-        self,
-        plain: dict[str, torch.Tensor],
-        pairs: dict[str, tuple[torch.Tensor, torch.Tensor]],
-        scale: float,
-        where: Path,
-    ) -> None:
-        """Overlay the checkpoint's tensors and merge its LoRA pairs (`W += scale * B @ A`); every key must land."""
-        params = dict(self.vlm.named_parameters())
-        plain = {
-            k: v for k, v in plain.items() if not k.startswith("lm_head.")
-        }  # unused here (and tied in 2B)
-        head = plain.pop("rm_head.weight", None)
-        if head is None:
-            raise WeightsError(f"{where} has no rm_head.weight (not a VideoAlign reward checkpoint).")
-        unknown = sorted({*plain, *pairs} - set(params))
-        if unknown:
-            raise WeightsError(
-                f"{where} has tensors this Qwen2-VL model lacks, e.g. {unknown[:3]} (another base model?)."
-            )
-        with torch.no_grad():
-            self.rm_head.weight.copy_(head)
-            for key, value in plain.items():
-                params[key].copy_(value)
-            for key, (a, b) in pairs.items():
-                params[key].add_(scale * (b.float() @ a.float()).to(params[key].dtype))
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token head outputs `[B, L, output_dim]`."""
-        hidden = qwen.sequential_hidden_states(self.vlm, batch)
-        return self.rm_head(hidden)
 
 
 def pool_scores(
@@ -282,14 +224,7 @@ def pool_scores(
     (N = 1: one value each; N = 3: the diagonal), at the last real token, or averaged over the real tokens."""
     batch = input_ids.shape[0]
     if mode == "special":
-        mask = torch.zeros_like(input_ids, dtype=torch.bool)
-        for token in special_ids:
-            mask |= input_ids == token
-        if int(mask.sum()) != 3 * batch:
-            raise RewardInputError(
-                "a VideoAlign prompt must hold each reward token exactly once (was the caption carrying one?)."
-            )
-        picked = logits[mask].view(batch, 3, -1)
+        picked = heads.at_special_tokens(logits, input_ids, special_ids)
         return (picked.diagonal(dim1=1, dim2=2) if picked.shape[-1] == 3 else picked).reshape(batch, -1)
     if pad_id is None:
         lengths = torch.full((batch,), input_ids.shape[1] - 1, device=input_ids.device)
@@ -372,7 +307,7 @@ class VideoAlign(qwen.VideoVlmReward):
         if not isinstance(use_norm, bool):
             raise ConfigError(f"reward {self.name!r}: option use_norm={use_norm!r} must be true or false.")
         self.use_norm = use_norm
-        self.net: RewardHeadModel | None = None
+        self.net: heads.RewardHeadModel | None = None
 
     # --- loading ----------------------------------------------------------------------------------------------
     def _base_name(self, config: VideoAlignConfig) -> str:
@@ -398,11 +333,12 @@ class VideoAlign(qwen.VideoVlmReward):
         processor = qwen.load_processor(base_dir, self.name, padding_side="right")
         if config.special_tokens:
             processor.tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-        vlm = _fresh_vlm(base_dir, self.name)
+        vlm = heads.fresh_vlm(base_dir, self.name)
         vlm.resize_token_embeddings(len(processor.tokenizer), mean_resizing=False)
-        net = RewardHeadModel(vlm, config.output_dim)
+        head = torch.nn.Linear(vlm.config.text_config.hidden_size, config.output_dim, bias=False)
+        net = heads.RewardHeadModel(vlm, head)
         net.load_checkpoint(*checkpoint_state(checkpoint, config.lora), where=checkpoint)
-        self.net = net.to(device=self.device, dtype=self.model_dtype()).eval().requires_grad_(False)
+        self.net = net.place(self.device, self.model_dtype())
         self.processor, self.config = processor, config
         self.special_ids = processor.tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
 
@@ -481,15 +417,3 @@ class VideoAlignAlias(VideoAlign):
     """`videoalign`: the same reward as `dance_grpo` under VideoAlign's own name."""
 
     name = "videoalign"
-
-
-def _fresh_vlm(directory: Path, reward: str) -> Any:
-    """A Qwen2-VL model from `directory` in float32 on the CPU, not shared (the checkpoint is merged into it)."""
-    transformers = qwen.require_vlm_packages(reward)
-    cls = getattr(transformers, qwen.MODEL_CLASSES[qwen.model_type(directory, reward)])
-    try:
-        return cls.from_pretrained(str(directory), dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise WeightsError(
-            f"reward {reward!r}: cannot load {cls.__name__} from {directory} ({type(exc).__name__}: {exc})."
-        ) from None
