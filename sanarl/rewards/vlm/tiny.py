@@ -191,3 +191,35 @@ def ensure_tiny_videoalign() -> Path:
     """A tiny random VideoReward directory (VideoAlign layout) on the tiny Qwen2-VL base."""
     base = ensure_tiny_qwen_vl("qwen2_vl")
     return _atomic_build(_cache_root() / "videoreward", lambda tmp: _build_videoalign(base, tmp))
+
+
+def _build_hpsv3(base: Path, target: Path) -> None:
+    """HPSv3.safetensors: the tiny base's weights in transformers 4 names, the embeddings grown by `<|Reward|>`,
+    and a random ranknet head (HPSv3's layout: one full state dict)."""
+    from safetensors.torch import load_file, save_file
+
+    from sanarl.rewards.vlm.hpsv3 import ranknet_head
+
+    generator = torch.Generator().manual_seed(2)
+    state = {}
+    for key, value in load_file(str(base / "model.safetensors")).items():
+        old = (
+            key.replace("model.language_model.", "model.", 1)
+            if key.startswith("model.language_model.")
+            else key
+        )
+        state[old.replace("model.visual.", "visual.", 1)] = value
+    embed = state["model.embed_tokens.weight"]
+    state["model.embed_tokens.weight"] = torch.cat(
+        [embed, torch.randn(1, embed.shape[1], generator=generator) * 0.02]
+    )
+    torch.manual_seed(2)
+    for key, value in ranknet_head(embed.shape[1]).state_dict().items():
+        state[f"rm_head.{key}"] = value
+    save_file({k: v.contiguous() for k, v in state.items()}, str(target / "HPSv3.safetensors"))
+
+
+def ensure_tiny_hpsv3() -> Path:
+    """A tiny random HPSv3 directory (HPSv3.safetensors) on the tiny Qwen2-VL base; pass base_model = the base."""
+    base = ensure_tiny_qwen_vl("qwen2_vl")
+    return _atomic_build(_cache_root() / "hpsv3", lambda tmp: _build_hpsv3(base, tmp))
