@@ -39,6 +39,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "videoalign": ("sanarl.rewards.vlm.videoalign:VideoAlignAlias", "pip install 'sanarl[vlm]'"),
     "cosmos_reason1": ("sanarl.rewards.vlm.reason1:CosmosReason1", "pip install 'sanarl[vlm]'"),
     "hpsv3": ("sanarl.rewards.vlm.hpsv3:HPSv3", "pip install 'sanarl[vlm]'"),
+    "unified_reward": ("sanarl.rewards.vlm.unified:UnifiedReward", "pip install 'sanarl[vlm]'"),
 }
 """Shipped rewards: name -> ("module:attribute", install hint for its optional packages)."""
 
