@@ -31,7 +31,18 @@ def videoreward():
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, videoreward):
+def tiny_dirs():
+    from sanarl.rewards.vlm.tiny import ensure_tiny_hpsv3, ensure_tiny_qwen_vl
+
+    return {
+        "qwen2_vl": ensure_tiny_qwen_vl("qwen2_vl"),
+        "qwen2_5_vl": ensure_tiny_qwen_vl("qwen2_5_vl"),
+        "hpsv3": ensure_tiny_hpsv3(),
+    }
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, videoreward, tiny_dirs):
     require_redis()
     tmp = tmp_path_factory.mktemp("vlm-service")
     port = free_port()
@@ -47,6 +58,17 @@ reward_type = "dance_grpo"
 model_path = "{videoreward}"
 dtype = "float32"
 options = {{ batch_size = 2 }}
+[[reward_args]]
+reward_type = "cosmos_reason1"
+model_path = "{tiny_dirs["qwen2_5_vl"]}"
+[[reward_args]]
+reward_type = "hpsv3"
+model_path = "{tiny_dirs["hpsv3"]}"
+options = {{ base_model = "{tiny_dirs["qwen2_vl"]}" }}
+[[reward_args]]
+reward_type = "unified_reward"
+model_path = "{tiny_dirs["qwen2_5_vl"]}"
+options = {{ max_new_tokens = 4 }}
 """
     svc = Service(tmp, "vlm", text, port).start()
     try:
@@ -81,6 +103,37 @@ def test_cosmos_rl_video_client_request_gets_cosmos_rl_keys_equal_to_in_process(
     expected = local.score(x, PROMPTS, [{"video_info": info} for info in infos])
     for key in ("vq_reward", "mq_reward", "ta_reward", "overall_reward"):
         assert scores[key] == pytest.approx(expected[key].tolist(), abs=1e-4)
+
+
+def test_cosmos_reason1_hpsv3_and_unified_reward_are_served_under_cosmos_rl_names_and_keys(
+    service, tiny_dirs
+):
+    clips = uint8_clips(1, frames=6, seed=3)
+    status, answer = service.enqueue(
+        body(
+            clips, {"cosmos_reason1": 1.0}, PROMPTS[:1], media_type="video", video_infos=[{"video_fps": 16.0}]
+        )
+    )
+    assert status == 200, answer
+    status, result = service.result(answer["uuid"], "cosmos_reason1", timeout=120)
+    assert status == 200 and {"no_score", "yes_logit", "no_logit"} <= set(result["scores"]), result
+    local = build_reward("cosmos_reason1", model=str(tiny_dirs["qwen2_5_vl"]))
+    x = torch.from_numpy(clips).float() / 255.0
+    assert result["scores"]["no_score"] == pytest.approx(
+        local.score(x, PROMPTS[:1])["no_score"].tolist(), abs=1e-5
+    )
+    pixels = np.random.default_rng(4).integers(0, 256, (2, 20, 28, 3), dtype=np.uint8)
+    status, answer = service.enqueue(body(pixels, {"hpsv3": 1.0, "unified_reward": 1.0}, PROMPTS))
+    assert status == 200, answer
+    images = torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255.0
+    status, result = service.result(answer["uuid"], "hpsv3", timeout=120)
+    local = build_reward("hpsv3", model=str(tiny_dirs["hpsv3"]), base_model=str(tiny_dirs["qwen2_vl"]))
+    assert status == 200 and result["scores"]["hpsv3"] == pytest.approx(
+        local.score(images, PROMPTS)["hpsv3"].tolist(), abs=1e-5
+    )
+    status, result = service.result(answer["uuid"], "unified_reward", timeout=120)
+    assert status == 200 and len(result["scores"]["unified_reward"]) == 2, result
+    assert result["default_key"] == "unified_reward"
 
 
 def test_trainer_remote_reward_equals_in_process_on_whole_clips(service, videoreward):
