@@ -245,3 +245,26 @@ def test_dtype_auto_is_float32_on_cpu(reward):
     assert math.isclose(
         float(reward.score(clips(1), PROMPTS[:1])["VQ"]), float(reward.score(clips(1), PROMPTS[:1])["VQ"])
     )
+
+
+def test_forward_uses_sequential_positions_like_videoaligns_transformers_4_forward(reward):
+    """VideoAlign's forward runs the language model with position_ids=None (sequential 0..L-1 on all three M-RoPE
+    axes), not the multimodal rope index; the oracle is the language model called that way on the scattered
+    embeddings, and the full multimodal forward gives other numbers."""
+    from sanarl.rewards.vlm import qwen
+
+    clip = clips(1)[0]
+    batch = qwen.encode(reward.processor, reward.texts(PROMPTS[:1]), [reward.frames_for(clip, {})])
+    inner = reward.net.vlm.model
+    embeds = inner.get_input_embeddings()(batch["input_ids"])
+    video = inner.get_video_features(batch["pixel_values_videos"], batch["video_grid_thw"])
+    video = torch.cat(list(getattr(video, "pooler_output", video)))
+    mask = (batch["input_ids"] == reward.net.vlm.config.video_token_id).unsqueeze(-1).expand_as(embeds)
+    embeds = embeds.masked_scatter(mask, video)
+    oracle = inner.language_model(
+        inputs_embeds=embeds, attention_mask=batch["attention_mask"]
+    ).last_hidden_state
+    got = qwen.sequential_hidden_states(reward.net.vlm, batch)
+    assert torch.allclose(got, oracle, atol=1e-5)
+    mrope = inner(**batch).last_hidden_state
+    assert not torch.allclose(got, mrope, atol=1e-3)
