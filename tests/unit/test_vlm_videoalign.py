@@ -268,3 +268,19 @@ def test_forward_uses_sequential_positions_like_videoaligns_transformers_4_forwa
     assert torch.allclose(got, oracle, atol=1e-5)
     mrope = inner(**batch).last_hidden_state
     assert not torch.allclose(got, mrope, atol=1e-3)
+
+
+def test_sana_video_preset_reward_is_a_registered_sanarl_reward():
+    """presets/sana-video-nft.toml trains on `dance_grpo` / `overall_reward`: sanarl's registry has it (validate reads
+    the registry), with that score key."""
+    from pathlib import Path
+
+    from sanarl.config import load_config
+    from sanarl.rewards import known_rewards
+
+    preset = Path(__file__).resolve().parents[2] / "presets" / "sana-video-nft.toml"
+    fns = load_config(preset).config.train.train_policy.remote_reward.reward_fns
+    assert [(f.name, f.score_key) for f in fns] == [("dance_grpo", "overall_reward")]
+    assert {"dance_grpo", "videoalign", "cosmos_reason1", "hpsv3", "unified_reward"} <= set(known_rewards())
+    reward = build_reward("dance_grpo")
+    assert isinstance(reward, videoalign.VideoAlign) and "overall_reward" in reward.keys
