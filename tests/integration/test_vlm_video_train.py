@@ -55,3 +55,13 @@ def test_tiny_video_nft_trains_on_dance_grpo_in_process(tmp_path):
     record = records[0]
     assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
     assert math.isfinite(record["reward/dance_grpo"]) and "reward/dance_grpo/vq_reward" in record
+
+
+def test_missing_reward_weights_stop_the_run_before_any_rollout(tmp_path, network):
+    from sanarl.errors import WeightsError
+
+    preset = dance_grpo_preset(tmp_path, "")
+    config = load_config(preset, [f"train.output_dir={tmp_path / 'run'}", *TINY_STEPS])
+    with pytest.raises(WeightsError, match="hf download KwaiVGI/VideoReward"):
+        api.train(config, SHAPES)
+    assert not (tmp_path / "run" / "rollouts").exists()
