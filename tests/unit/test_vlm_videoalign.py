@@ -284,3 +284,24 @@ def test_sana_video_preset_reward_is_a_registered_sanarl_reward():
     assert {"dance_grpo", "videoalign", "cosmos_reason1", "hpsv3", "unified_reward"} <= set(known_rewards())
     reward = build_reward("dance_grpo")
     assert isinstance(reward, videoalign.VideoAlign) and "overall_reward" in reward.keys
+
+
+def test_split_lora_pairs_peft_keys_in_both_layouts():
+    a, b, w = torch.ones(2, 4), torch.full((3, 2), 2.0), torch.zeros(3, 4)
+    raw = {
+        "base_model.model.model.layers.0.mlp.up_proj.base_layer.weight": w,
+        "base_model.model.model.layers.0.mlp.up_proj.lora_A.default.weight": a,  # model.pth of a PEFT model
+        "base_model.model.model.layers.0.mlp.up_proj.lora_B.default.weight": b,
+        "base_model.model.visual.blocks.0.attn.qkv.lora_A.weight": a,  # adapter_model.safetensors
+        "base_model.model.visual.blocks.0.attn.qkv.lora_B.weight": b,
+        "base_model.model.rm_head.weight": torch.ones(1, 4),
+    }
+    plain, pairs = videoalign.split_lora(raw)
+    assert set(plain) == {"model.language_model.layers.0.mlp.up_proj.weight", "rm_head.weight"}
+    assert set(pairs) == {
+        "model.language_model.layers.0.mlp.up_proj.weight",
+        "model.visual.blocks.0.attn.qkv.weight",
+    }
+    assert all(p[0] is a and p[1] is b for p in pairs.values())
+    with pytest.raises(WeightsError, match="partner"):
+        videoalign.split_lora({"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": a})

@@ -187,34 +187,51 @@ def latest_checkpoint(directory: Path, step: int | None) -> Path:
 def checkpoint_state(
     checkpoint: Path, lora: dict[str, Any] | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
-    """(plain tensors by current-layout key, LoRA (A, B) pairs by target weight key, LoRA scale alpha / r)."""
+    """(plain tensors by current-layout key, LoRA (A, B) pairs by target weight key, LoRA scale alpha / r) of a
+    VideoAlign checkpoint: `model.pth` (a full state dict, PEFT-wrapped or not), or `adapter_model.safetensors` +
+    `non_lora_state_dict.pth`, as VideoAlign's `load_model_from_checkpoint` reads them."""
     full = checkpoint / "model.pth"
+    adapter, rest = checkpoint / "adapter_model.safetensors", checkpoint / "non_lora_state_dict.pth"
     if full.is_file():
         raw = torch.load(full, map_location="cpu", weights_only=True)
-        return {heads.to_current_layout(heads.strip_peft(k)): v for k, v in raw.items()}, {}, 0.0
-    adapter, rest = checkpoint / "adapter_model.safetensors", checkpoint / "non_lora_state_dict.pth"
-    if not (adapter.is_file() and rest.is_file()):
+    elif adapter.is_file() and rest.is_file():
+        from safetensors.torch import load_file
+
+        raw = {**torch.load(rest, map_location="cpu", weights_only=True), **load_file(str(adapter))}
+    else:
         raise WeightsError(
             f"{checkpoint} holds neither model.pth nor adapter_model.safetensors + non_lora_state_dict.pth."
         )
+    plain, pairs = split_lora(raw)
+    if not pairs:
+        return plain, {}, 0.0
     if lora is None:
         raise WeightsError(
-            f"{checkpoint} is a LoRA checkpoint but model_config.json's peft_lora_config.lora_enable is false."
+            f"{checkpoint} holds LoRA tensors but model_config.json's peft_lora_config.lora_enable is false."
         )
-    from safetensors.torch import load_file
-
-    plain = {
-        heads.to_current_layout(heads.strip_peft(k)): v
-        for k, v in torch.load(rest, map_location="cpu", weights_only=True).items()
-    }
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in load_file(str(adapter)).items():
-        base, _, part = heads.strip_peft(key).rpartition(".lora_")
-        target = heads.to_current_layout(base + ".weight")
-        pairs.setdefault(target, {})[part.split(".")[0]] = value
     rank, alpha = int(lora.get("lora_r", 16)), float(lora.get("lora_alpha", 32))
     scale = alpha / math.sqrt(rank) if lora.get("use_rslora") else alpha / rank
-    return plain, {k: (v["A"], v["B"]) for k, v in pairs.items()}, scale
+    return plain, pairs, scale
+
+
+def split_lora(
+    raw: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """PEFT state-dict keys -> (plain tensors, {target weight: (lora_A, lora_B)}), all in current-layout names
+    (`...q_proj.lora_A[.default].weight` pairs with `...q_proj.lora_B[.default].weight` for `...q_proj.weight`)."""
+    plain: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in raw.items():
+        name = heads.strip_peft(key)
+        base, sep, part = name.rpartition(".lora_")
+        if not sep:
+            plain[heads.to_current_layout(name)] = value
+            continue
+        parts.setdefault(heads.to_current_layout(base + ".weight"), {})[part[0]] = value
+    broken = sorted(k for k, v in parts.items() if set(v) != {"A", "B"})
+    if broken:
+        raise WeightsError(f"LoRA tensors without their A / B partner: {broken[:3]}.")
+    return plain, {k: (v["A"], v["B"]) for k, v in parts.items()}
 
 
 def pool_scores(
