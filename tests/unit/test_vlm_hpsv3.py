@@ -92,3 +92,13 @@ def test_missing_weights_name_the_ids(network):
         build_reward("hpsv3").setup("cpu")
     assert "Qwen/Qwen2-VL-7B-Instruct" in str(info.value) or "MizzenAI/HPSv3" in str(info.value)
     assert info.value.exit_code == 2
+
+
+def test_a_checkpoint_for_another_base_is_refused_naming_the_tensor(tmp_path, base):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tiny.ensure_tiny_hpsv3() / "HPSv3.safetensors"))
+    state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"][:-5]  # another tokenizer size
+    save_file(state, str(tmp_path / "HPSv3.safetensors"))
+    with pytest.raises(WeightsError, match="embed_tokens.weight has shape"):
+        build_reward("hpsv3", model=str(tmp_path), base_model=base).setup("cpu")

@@ -79,6 +79,16 @@ class RewardHeadModel(torch.nn.Module):
             raise WeightsError(
                 f"{where} has tensors this model lacks, e.g. {unknown[:3]} (another base model?)."
             )
+        shapes = {k: v.shape for k, v in plain.items()} | {
+            k: (b.shape[0], a.shape[1]) for k, (a, b) in pairs.items()
+        }
+        wrong = sorted(k for k, shape in shapes.items() if tuple(params[k].shape) != tuple(shape))
+        if wrong:
+            key = wrong[0]
+            raise WeightsError(
+                f"{where}: {key} has shape {tuple(shapes[key])}, the model {tuple(params[key].shape)} (and "
+                f"{len(wrong) - 1} more); the checkpoint was trained on another base model or tokenizer."
+            )
         try:
             self.rm_head.load_state_dict(head)
         except RuntimeError as exc:
