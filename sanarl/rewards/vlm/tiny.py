@@ -1,6 +1,6 @@
 """Tiny random Qwen-VL checkpoints for CPU tests and demos of the VLM rewards (never for real scores).
 
-`ensure_tiny_qwen_vl(kind)` builds (once, under `$SANARL_CACHE/tiny-vlm/`) a 1-layer Qwen2-VL (`qwen2_vl`) or
+`ensure_tiny_qwen_vl(kind)` builds (once, under `$SANARL_CACHE/tiny-vlm-v<version>/`) a 1-layer Qwen2-VL (`qwen2_vl`) or
 Qwen2.5-VL (`qwen2_5_vl`) with a 1-block tiny vision tower and a small byte-level BPE tokenizer trained on the
 reward prompts, saved with `save_pretrained` so that rewards load it through the same `from_pretrained` path as
 real weights. `ensure_tiny_videoalign()` adds a VideoReward directory in VideoAlign's own layout (model_config.json
@@ -11,7 +11,6 @@ same files every time.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,8 +35,14 @@ CHAT_TEMPLATE = (
 TRAINING_TEXT = (DETAILED_SPECIAL_PROMPT, "Yes No yes no a red circle moves left right up down.")
 
 
+TINY_VLM_VERSION = 1
+"""Bumped whenever a builder changes what it writes (older caches are then rebuilt, not reused)."""
+
+
 def _cache_root() -> Path:
-    return Path(os.environ.get("SANARL_CACHE", Path.home() / ".cache" / "sanarl")).expanduser() / "tiny-vlm"
+    from sanarl.models.loading import cache_dir
+
+    return cache_dir().expanduser() / f"tiny-vlm-v{TINY_VLM_VERSION}"
 
 
 def _tokenizer() -> object:
