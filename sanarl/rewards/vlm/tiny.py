@@ -127,8 +127,10 @@ def _atomic_build(target: Path, build) -> Path:
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
-    except FileExistsError:
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / ".complete").is_file():  # not another process finishing the same build first
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
