@@ -305,3 +305,12 @@ def test_split_lora_pairs_peft_keys_in_both_layouts():
     assert all(p[0] is a and p[1] is b for p in pairs.values())
     with pytest.raises(WeightsError, match="partner"):
         videoalign.split_lora({"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": a})
+
+
+def test_missing_extra_is_a_config_error_naming_the_install_line(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as if `sanarl[vlm]` were not installed
+    for name in ("dance_grpo", "cosmos_reason1", "hpsv3", "unified_reward"):
+        with pytest.raises(ConfigError, match=r"pip install 'sanarl\[vlm\]'"):
+            build_reward(name).check_weights()
