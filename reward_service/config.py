@@ -120,6 +120,14 @@ class RewardArgs:
     """Model dtype passed as the reward's `dtype` option ("" = the reward's default)."""
     model_path: str = ""
     """Model directory or Hub id passed as the reward's `model` option ("" = the reward's default)."""
+    download_path: str = ""
+    """Cosmos-RL's key: the directory holding a reward's base model (passed as its `download_path` option when set;
+    `dance_grpo` finds `<download_path>/Qwen2-VL-2B-Instruct` there)."""
+    endpoint_url: str = ""
+    """Cosmos-RL's key: an OpenAI-compatible endpoint (e.g. `unified_reward` judging through vLLM), passed as the
+    reward's `endpoint_url` option when set."""
+    endpoint_api_key: str = ""
+    """Cosmos-RL's key: the endpoint's bearer key, passed as `endpoint_api_key` when set."""
     options: dict[str, Any] = field(default_factory=dict)
     """Other keyword options of the reward (e.g. `{ batch_size = 16 }`)."""
     video_frame_stride: int = 1
@@ -135,6 +143,9 @@ class RewardArgs:
             options["model"] = self.model_path
         if self.dtype:
             options["dtype"] = self.dtype
+        for key in ("download_path", "endpoint_url", "endpoint_api_key"):
+            if getattr(self, key):
+                options[key] = getattr(self, key)
         return options
 
 

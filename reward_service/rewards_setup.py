@@ -1,8 +1,8 @@
 """Turning `[[reward_args]]` into `Reward` objects: plugin imports, `build_reward`, model loading.
 
-The CLI calls `build_rewards(config, load=False)` before starting anything, so a wrong name or option stops the
-service with a ConfigError naming the entry; each worker then calls it with `load=True` (models load once per
-worker process, on the entry's device).
+The CLI calls `build_rewards(config, load=False)` before starting anything, so a wrong name or option (or
+missing weights, for rewards with a `check_weights()` hook) stops the service with a UserError naming the entry;
+each worker then calls it with `load=True` (models load once per worker process, on the entry's device).
 """
 
 from __future__ import annotations
@@ -72,8 +72,22 @@ def build_rewards(
             raise type(exc)(f"{where}: {exc}") from exc
         if load:
             _load(reward, device or entry.device, where)
+        else:
+            _check_weights(reward, where)
         rewards[entry.reward_type] = reward
     return rewards
+
+
+def _check_weights(reward: Reward, where: str) -> None:
+    """Rewards with a `check_weights()` hook (e.g. the VLM rewards) find missing weights here, before any worker
+    loads a model, so the service stops at start (exit code 2) instead of serving without them."""
+    check = getattr(reward, "check_weights", None)
+    if check is None:
+        return
+    try:
+        check()
+    except UserError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
 
 
 def _load(reward: Reward, device: str, where: str) -> None:

@@ -6,7 +6,9 @@ batched call raises, each task is scored alone, so one bad request (e.g. metadat
 only itself. Videos `[B, 3, T, H, W]` are scored frame-wise as `sanarl.rewards.video.score_video` does (same
 helpers, so the same numbers): every `stride`-th frame is scored with the image reward (each frame with its
 clip's prompt and metadata), and each clip's frame scores are reduced by `reduction` (mean | min | max |
-median; NaN when a frame is NaN). Frames of several tasks still share one scoring call.
+median; NaN when a frame is NaN). Frames of several tasks still share one scoring call. Video-native rewards
+(class attribute `video_native`, e.g. `motion`, `dance_grpo`) get whole clips `[B, 3, T, H, W]` instead, clips of
+equal (T, H, W) batched together; their results carry `"frames": {"whole_clip": true, "frames": T}`.
 
 Result JSON (Cosmos-RL's, plus sanarl fields):
     {"scores": {key: [B floats, null for NaN]}, "input_info": {"shape", "dtype", "min", "max", "media_type"},
@@ -60,11 +62,18 @@ class Outcome:
     error: str | None = None
 
 
-def frames_of(task: Task) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
+def is_whole_clip(reward: Reward, task: Task) -> bool:
+    """True when `task` holds videos and `reward` scores clips whole (never frame by frame)."""
+    return task.header["media_type"] == "video" and bool(getattr(reward, "video_native", False))
+
+
+def frames_of(task: Task, whole_clips: bool = False) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
     """Float frames `[N, 3, H, W]` in [0, 1] with their prompts and metadata (N = B, or B * T' for videos, T' =
-    ceil(T / stride) frames per clip, clip-major)."""
+    ceil(T / stride) frames per clip, clip-major); with `whole_clips`, the clips `[B, 3, T, H, W]` themselves."""
     array, header = task.array, task.header
     prompts, meta = header["prompts"], header["metadata"]
+    if whole_clips:
+        return torch.from_numpy(array).float().div_(255.0), list(prompts), list(meta)
     if header["media_type"] == "video":
         pixels, per_clip = frames_as_images(torch.from_numpy(array), task.stride)
         prompts = [p for p in prompts for _ in range(per_clip)]
@@ -76,9 +85,9 @@ def frames_of(task: Task) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]
 
 def score_tasks(reward: Reward, tasks: list[Task]) -> dict[str, Outcome]:
     """Score `tasks` of one reward; returns {queue item: Outcome}. Never raises for a task's own failure."""
-    groups: dict[tuple[int, int], list[Task]] = defaultdict(list)
+    groups: dict[tuple[int, ...], list[Task]] = defaultdict(list)
     for task in tasks:
-        groups[_frame_size(task)].append(task)
+        groups[_group_key(reward, task)].append(task)
     outcomes: dict[str, Outcome] = {}
     for group in groups.values():
         try:
@@ -101,9 +110,12 @@ def score_tasks(reward: Reward, tasks: list[Task]) -> dict[str, Outcome]:
     return outcomes
 
 
-def _frame_size(task: Task) -> tuple[int, int]:
-    """(H, W) of a task's frames: images `[B, H, W, 3]`, videos `[B, 3, T, H, W]`."""
+def _group_key(reward: Reward, task: Task) -> tuple[int, ...]:
+    """Tasks with equal keys share one scoring call: (H, W) of their frames (images `[B, H, W, 3]`, videos
+    `[B, 3, T, H, W]`), or (T, H, W) of whole clips."""
     shape = task.array.shape
+    if is_whole_clip(reward, task):
+        return (shape[2], shape[3], shape[4])
     return (shape[3], shape[4]) if task.header["media_type"] == "video" else (shape[1], shape[2])
 
 
@@ -115,7 +127,7 @@ def _describe(reward: Reward, exc: Exception) -> str:
 
 def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
     """One `reward.score` call over every task of `group` (frames of equal size)."""
-    parts = [frames_of(task) for task in group]
+    parts = [frames_of(task, is_whole_clip(reward, task)) for task in group]
     images = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
     prompts = [p for part in parts for p in part[1]]
     metadata = [m for part in parts for m in part[2]]
@@ -128,7 +140,7 @@ def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
         n = int(part[0].shape[0])
         values = {key: value[offset : offset + n] for key, value in scores.items()}
         offset += n
-        if task.header["media_type"] == "video":
+        if task.header["media_type"] == "video" and not is_whole_clip(reward, task):
             clips = task.array.shape[0]
             values = {key: reduce_frames(value, clips, task.reduction) for key, value in values.items()}
         outcomes[task.item] = Outcome(result=_result(reward, task, values, duration, batch))
@@ -155,7 +167,12 @@ def _result(
         "batch": batch,
         "attempts": task.attempts + 1,
     }
-    if task.header["media_type"] == "video":
+    infos = [row["video_info"] for row in task.header["metadata"] if "video_info" in row]
+    if infos:
+        result["input_info"]["video_infos"] = infos  # as Cosmos-RL echoes them
+    if is_whole_clip(reward, task):
+        result["frames"] = {"whole_clip": True, "frames": int(array.shape[2])}
+    elif task.header["media_type"] == "video":
         scored = len(range(0, array.shape[2], task.stride))
         result["frames"] = {"stride": task.stride, "reduction": task.reduction, "scored": scored}
     return result

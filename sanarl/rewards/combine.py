@@ -132,6 +132,9 @@ class RewardFunction:
                 reward = prebuilt[fn.name]
             else:
                 reward = build_reward(fn.name, **{**fn.options, **dict(options.get(fn.name, {}))})
+                check = getattr(reward, "check_weights", None)
+                if check is not None:  # missing weights stop the run here, before any rollout (VLM rewards)
+                    check()
             self.rewards[fn.name] = reward
             key = _resolve_key(i, fn.name, fn.score_key, reward)
             specs.append(RewardSpec(fn.name, fn.weight, key, fn.clip_min, fn.clip_max))

@@ -35,6 +35,11 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "ocr": ("sanarl.rewards.ocr:OCRReward", "pip install 'sanarl[ocr]'"),
     "geneval": ("sanarl.rewards.geneval:GenEvalReward", "pip install 'sanarl[geneval]'"),
     "motion": ("sanarl.rewards.motion:MotionReward", ""),
+    "dance_grpo": ("sanarl.rewards.vlm.videoalign:VideoAlign", "pip install 'sanarl[vlm]'"),
+    "videoalign": ("sanarl.rewards.vlm.videoalign:VideoAlignAlias", "pip install 'sanarl[vlm]'"),
+    "cosmos_reason1": ("sanarl.rewards.vlm.reason1:CosmosReason1", "pip install 'sanarl[vlm]'"),
+    "hpsv3": ("sanarl.rewards.vlm.hpsv3:HPSv3", "pip install 'sanarl[vlm]'"),
+    "unified_reward": ("sanarl.rewards.vlm.unified:UnifiedReward", "pip install 'sanarl[vlm]'"),
 }
 """Shipped rewards: name -> ("module:attribute", install hint for its optional packages)."""
 

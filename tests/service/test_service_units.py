@@ -458,3 +458,62 @@ def test_an_outage_resets_the_refusal_count():
     worker, calls = _failing_worker(errors)
     worker.run()
     assert calls[0] == len(errors) + 1
+
+
+def test_cosmos_rl_reward_keys_become_reward_options():
+    """Cosmos-RL's rewards.toml keys for the VLM rewards (dance_grpo's download_path, unified_reward's endpoint)."""
+    cfg = loads_service_config(
+        BASE
+        + '[[reward_args]]\nreward_type = "dance_grpo"\nmodel_path = "/w/VideoReward"\ndownload_path = "/w"\n'
+        'dtype = "float16"\n[[reward_args]]\nreward_type = "unified_reward"\nendpoint_url = "http://h:8000/v1"\n'
+        'endpoint_api_key = "k"\n'
+    )
+    assert cfg.reward_args[1].build_options() == {
+        "model": "/w/VideoReward",
+        "dtype": "float16",
+        "download_path": "/w",
+    }
+    assert cfg.reward_args[2].build_options() == {"endpoint_url": "http://h:8000/v1", "endpoint_api_key": "k"}
+
+
+def test_video_native_rewards_get_whole_clips_batched_by_clip_shape():
+    """`scoring.score_tasks` hands a video-native reward the clips [B, 3, T, H, W] themselves (never frames), one
+    call per (T, H, W); frame-wise rewards still see frames."""
+    from reward_service.scoring import Task, score_tasks
+    from sanarl.rewards.base import Reward
+
+    class ClipMean(Reward):
+        name, keys, default_key, video_native = "clip_mean", ("mean",), "mean", True
+        calls: list = []
+
+        def check_input(self, images):
+            assert images.ndim == 5
+            return images
+
+        def _score(self, images, prompts, metadata):
+            self.calls.append(tuple(images.shape))
+            return {"mean": images.flatten(1).mean(1)}
+
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.integers(0, 256, shape, dtype=np.uint8)
+        for shape in [(2, 3, 4, 8, 8), (1, 3, 4, 8, 8), (1, 3, 6, 8, 8)]
+    ]
+    tasks = [
+        Task(
+            item=f"t{i}",
+            header={"prompts": ["p"] * a.shape[0], "metadata": [{}] * a.shape[0], "media_type": "video"},
+            array=a,
+            stride=2,
+        )
+        for i, a in enumerate(arrays)
+    ]
+    reward = ClipMean()
+    out = score_tasks(reward, tasks)
+    assert sorted(reward.calls) == [(1, 3, 6, 8, 8), (3, 3, 4, 8, 8)]
+    for task, array in zip(tasks, arrays, strict=True):
+        result = out[task.item].result
+        assert result["scores"]["mean"] == pytest.approx(
+            (array.reshape(array.shape[0], -1) / 255.0).mean(1).tolist(), abs=1e-6
+        )
+        assert result["frames"] == {"whole_clip": True, "frames": array.shape[2]}
