@@ -83,6 +83,9 @@ class DiffusionAdapter(ABC):
     pipeline: object
     device: torch.device
     default_shift: float = 1.0
+    cfg_batch: bool = True
+    """Guidance runs an unconditional batch (CFG); False for guidance-distilled families (FLUX.1-dev), whose
+    `guided_velocity` embeds the guidance scale instead, so no caller needs to encode the empty prompt."""
 
     def __init__(self) -> None:
         self.forward_module: nn.Module | None = None
@@ -142,12 +145,24 @@ class DiffusionAdapter(ABC):
         """v_theta(x_s, s, c): x [B, ...], s [B] (or scalar) in [0, 1] -> float32 velocity like x.
 
         `module` runs another copy of the transformer (an inference copy); default: the trained one."""
+        s, module = self._call_inputs(x, s, module)
+        return self._forward(module, x, s, cond.expand_to(x.shape[0])).float()
+
+    def _call_inputs(
+        self, x: torch.Tensor, s: torch.Tensor, module: nn.Module | None
+    ) -> tuple[torch.Tensor, nn.Module]:
+        """s as a float32 [B] tensor on x's device, and the module to run (default: the trained one)."""
         s = torch.as_tensor(s, device=x.device, dtype=torch.float32)
         if s.ndim == 0:
             s = s.expand(x.shape[0])
         if module is None:
             module = self.forward_module if self.forward_module is not None else self.transformer
-        return self._forward(module, x, s, cond.expand_to(x.shape[0])).float()
+        return s, module
+
+    def shift_for(self, height: int, width: int) -> float:
+        """The grid shift for images of height x width when `sample.flow_shift` is unset: the scheduler's fixed
+        shift here; families whose pipeline shifts by resolution (FLUX) override it."""
+        return self.default_shift
 
     def guided_velocity(
         self,
