@@ -130,8 +130,9 @@ class RolloutConfig:
     preview_step: int = 6
     """Sampling steps of the sol_rl preview stage."""
     preview_precision: str = "fp8"
-    """Preview / quantized-copy precision: nvfp4 (Blackwell) | fp8 (Hopper) via transformer-engine, or bf16 (no
-    quantization: the preview is cheaper by its step count only; runs on any device, CPU included)."""
+    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine) | fp8 (sm_89+ GPUs: transformer-engine,
+    else torch-native FP8) | int8 (CPU: dynamic int8 linear layers) | auto (the best of those the machine has) | bf16
+    (no quantization: the preview is cheaper by its step count only). Backends: sanarl/tasks/quantize.py."""
     nvfp4_min_dim: int = 2240
     """Linear layers whose largest dimension is <= this stay unquantized."""
     compile_mode: str = "max-autotune-no-cudagraphs"

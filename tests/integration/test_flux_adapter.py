@@ -25,6 +25,7 @@ from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError
 from sanarl.models import load_adapter
 from sanarl.models.loading import resolve_weights
+from sanarl.tasks.quantize import Int8DynamicLinear
 from sanarl.tasks.sampling import GenerationSpec, generate_latents
 
 pytestmark = pytest.mark.slow
@@ -222,6 +223,10 @@ def test_bfloat16_frozen_parts_with_float32_master_weights(flux):
 
 
 # --- every task on FLUX -------------------------------------------------------------------------------------------
+INT8 = ["rollout.preview_precision=int8", "rollout.nvfp4_min_dim=0"]
+"""The CPU quantization backend on every eligible layer of the tiny model (all are below Sol-RL's min dims)."""
+
+
 def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome:
     lora = "lora" in preset or "nft" in preset or "grpo" in preset
     overrides = [f"train.output_dir={out}", FLUX, *([DEFAULT_TARGETS] if lora else []), *extra]
@@ -291,14 +296,9 @@ def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, flux):
         [],
         ["rollout.family=naive_scaling", "rollout.num_candidates=4"],
         ["rollout.family=compile", "rollout.num_candidates=4"],
-        ["rollout.family=naive_quant", "rollout.num_candidates=4", "rollout.preview_precision=int8"],
-        [
-            "rollout.family=sol_rl",
-            "rollout.num_candidates=4",
-            "rollout.preview_step=2",
-            "rollout.preview_precision=int8",
-        ],
-    ],  # fmt: skip
+        ["rollout.family=naive_quant", "rollout.num_candidates=4", *INT8],
+        ["rollout.family=sol_rl", "rollout.num_candidates=4", "rollout.preview_step=2", *INT8],
+    ],
     ids=["diffusionnft", "naive_scaling", "compile", "naive_quant", "sol_rl"],
 )
 def test_nft_iteration_with_every_rollout_family(tmp_path, monkeypatch, family):
@@ -315,6 +315,10 @@ def test_nft_iteration_with_every_rollout_family(tmp_path, monkeypatch, family):
     drafts = {"diffusionnft": 0, "sol_rl": 2 * 4}.get(outcome.task.cfg.rollout.family, 2 * 4 - kept)
     assert records[0]["rollout_images"] == kept + drafts
     family_name = outcome.task.cfg.rollout.family
+    engine = outcome.task.engine
+    quantized = engine.preview_copy if family_name == "sol_rl" else engine.full_copy
+    if family_name in ("naive_quant", "sol_rl"):  # the int8 CPU backend really ran
+        assert any(isinstance(m, Int8DynamicLinear) for m in quantized.module.modules())
     assert compiled == (["max-autotune-no-cudagraphs"] if family_name in ("compile", "naive_quant") else [])
 
 
