@@ -14,6 +14,11 @@ What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (
   posterior mean) rather than a sample: the posterior std of SD3's VAE is tiny, and the mode makes data encoding a
   deterministic function of the image (the random draws of a step stay in sanarl's seeded generators).
 - Grid shift: the scheduler's `shift` (3.0 for SD3.5), applied once to the sigma grid.
+- SD3.5-Medium vs SD3.5-Large (docs/sd35.md): the same pipeline class and adapter. Medium's MMDiT has dual-attention
+  blocks (`dual_attention_layers` 0-12: a second, image-only attention `attn2` per block), Large has none (38 plain
+  joint-attention blocks, width 2432); everything here reads the loaded config, never the block layout. Skip-layer
+  guidance (the pipeline's `skip_guidance_layers`, which Medium's model card suggests as [7, 8, 9]) is off by default
+  in the pipeline and is not applied by sanarl for either model: the sampler matches the pipeline's default call.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ class SD3Adapter(DiffusionAdapter):
         "attn.to_v",
     )
     """Joint-attention projections of both streams (image: to_*, text: add_*), as Cosmos-RL's and diffusers' SD3
-    LoRA scripts target them; SD3.5's second (image-only) attention `attn2` is left alone."""
+    LoRA scripts target them (Sol-RL's SD3.5-Large list, configs/sol_rl/sd3.py, is the same); SD3.5-Medium's second
+    (image-only) attention `attn2` is left alone."""
 
     def __init__(
         self, pipeline: StableDiffusion3Pipeline, policy: PolicyConfig, device: torch.device
