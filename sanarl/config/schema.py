@@ -84,6 +84,10 @@ class DiffusersConfig:
     """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
     dtype: str = "float32"
     """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
+    # --- frozen LoRA base (flux, issue 22) ---
+    frozen_base_float32: bool = False
+    """LoRA runs: hold the frozen transformer in float32 too, instead of `dtype` (only the LoRA parameters are float32
+    by default, as diffusers' LoRA scripts do). Full fine-tunes always train float32 master weights."""
     complex_human_instruction: bool = True
     """SANA: prepend the pipeline's complex human instruction to prompts, as SANA's own inference does
     (tiny word-level models set false)."""

@@ -23,6 +23,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 """`policy.diffusers.dtype` / `train.param_dtype` names -> torch dtypes."""
 
 
+def transformer_dtype(policy: PolicyConfig) -> torch.dtype:
+    """The dtype the transformer is held in: float32 master weights when all of it trains (no `[policy.lora]`, or
+    `frozen_base_float32`), else the frozen base stays in `policy.diffusers.dtype` (the LoRA weights are float32)."""
+    if policy.lora is None or policy.diffusers.frozen_base_float32:
+        return torch.float32
+    return DTYPES[policy.diffusers.dtype]
+
+
 @dataclass
 class Cond:
     """Prompt conditioning of a batch. embeds [B, L, D]; mask [B, L] (1 = token); pooled [B, P] or None."""
@@ -103,13 +111,12 @@ class DiffusionAdapter(ABC):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:
         """Load `pipeline_cls` from a local directory: the frozen text encoder and VAE in `policy.diffusers.dtype`
-        (kept on CPU with `offload`), the trained transformer in float32 master weights on `device`."""
+        (kept on CPU with `offload`), the transformer on `device` in `transformer_dtype(policy)` (float32 master
+        weights for a full fine-tune, the frozen dtype under LoRA)."""
         dtype = DTYPES[policy.diffusers.dtype]
         pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
-        if dtype != torch.float32:
-            pipe.transformer.to(dtype=torch.float32)
-        pipe.transformer.to(device)
+        pipe.transformer.to(device=device, dtype=transformer_dtype(policy))
         if not policy.diffusers.offload:
             pipe.vae.to(device)
             pipe.text_encoder.to(device)

@@ -34,7 +34,7 @@ from torch import nn
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.models.base import DTYPES, Cond, DiffusionAdapter
+from sanarl.models.base import DTYPES, Cond, DiffusionAdapter, transformer_dtype
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 T5_LIMIT = 512
@@ -98,7 +98,7 @@ class FluxAdapter(DiffusionAdapter):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> FluxAdapter:
         """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`, the transformer in
-        float32 master weights, on `device` (text encoders and VAE stay on CPU with `offload`)."""
+        `transformer_dtype(policy)`, on `device` (text encoders and VAE stay on CPU with `offload`)."""
         length = policy.diffusers.max_prompt_length
         if not 1 <= length <= T5_LIMIT:  # checked before any weight is read
             raise ConfigError(
@@ -107,7 +107,7 @@ class FluxAdapter(DiffusionAdapter):
             )
         dtype = DTYPES[policy.diffusers.dtype]
         pipe = FluxPipeline.from_pretrained(
-            str(directory), dtype={"default": dtype, "transformer": torch.float32}
+            str(directory), dtype={"default": dtype, "transformer": transformer_dtype(policy)}
         )
         pipe.set_progress_bar_config(disable=True)
         pipe.transformer.to(device)

@@ -31,7 +31,7 @@ from torch import nn
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.models.base import DTYPES, Cond, DiffusionAdapter
+from sanarl.models.base import DTYPES, Cond, DiffusionAdapter, transformer_dtype
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 T5_LIMIT = 512
@@ -69,7 +69,7 @@ class SD3Adapter(DiffusionAdapter):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SD3Adapter:
         """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`, the transformer in
-        float32 master weights, on `device` (text encoders and VAE stay on CPU with `offload`)."""
+        `transformer_dtype(policy)`, on `device` (text encoders and VAE stay on CPU with `offload`)."""
         length = policy.diffusers.max_prompt_length
         if not 1 <= length <= T5_LIMIT:  # checked before any weight is read
             raise ConfigError(
@@ -77,8 +77,8 @@ class SD3Adapter(DiffusionAdapter):
                 "set it in that range (Cosmos-RL's SD3.5 recipes use 128 or 300, SOAR's uses 77)."
             )
         dtype = DTYPES[policy.diffusers.dtype]
-        # the trained transformer is read straight into float32 master weights (no round trip through `dtype`)
-        dtypes = {"default": dtype, "transformer": torch.float32}
+        # the transformer is read straight into its dtype (float32 master weights: no round trip through `dtype`)
+        dtypes = {"default": dtype, "transformer": transformer_dtype(policy)}
         pipe = StableDiffusion3Pipeline.from_pretrained(str(directory), dtype=dtypes)
         pipe.set_progress_bar_config(disable=True)
         pipe.transformer.to(device)

@@ -251,7 +251,11 @@ class SOARTask(Task):
             )
         count = len(batch["prompt"])
         latent = self.adapter.latent_shape(*batch["image"].shape[-2:])
-        shift = self.flow_shift if self.flow_shift is not None else self.adapter.shift_for(*batch["image"].shape[-2:])
+        shift = (
+            self.flow_shift
+            if self.flow_shift is not None
+            else self.adapter.shift_for(*batch["image"].shape[-2:])
+        )
         batch.update(draw_randomness(count, latent, self.cfg, shift, rng))
         soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
         per_path = soar.num_rollout_paths * soar.trajectory_length

@@ -344,3 +344,23 @@ def test_soar_steps_read_the_shipped_example_data(tmp_path, flux):
     for r in _finite_records(tmp_path, 2):
         assert r["loss_main"] > 0 and r["loss_aux"] >= 0
     assert _moved(initial, outcome.task.adapter.transformer) >= 0.9
+
+
+@pytest.mark.parametrize("frozen_float32", [False, True], ids=["bf16-base", "float32-base"])
+def test_lora_keeps_the_frozen_base_in_the_preset_dtype(tmp_path, frozen_float32):
+    """LoRA over a bf16 base: the frozen transformer stays bf16 (frozen_base_float32 = false, the default), only the
+    adapters are float32 and train; frozen_base_float32 = true holds the whole transformer in float32."""
+    outcome = _train(
+        "sd3-sft-lora.toml",
+        tmp_path,
+        SQUARES,
+        "policy.diffusers.dtype=bfloat16",
+        f"policy.diffusers.frozen_base_float32={str(frozen_float32).lower()}",
+    )
+    _finite_records(tmp_path, 1)
+    params = dict(outcome.task.adapter.transformer.named_parameters())
+    frozen = {p.dtype for n, p in params.items() if "lora_" not in n}
+    assert frozen == ({torch.float32} if frozen_float32 else {torch.bfloat16})
+    assert {p.dtype for n, p in params.items() if "lora_" in n} == {torch.float32}
+    trained = [n for n, p in params.items() if p.requires_grad]
+    assert trained and all(".default." in n and "lora_" in n for n in trained)
