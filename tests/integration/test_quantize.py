@@ -71,6 +71,26 @@ def test_int8_linear_is_its_formula_with_a_real_error(monkeypatch, kernel):
                                    atol=1e-4, rtol=1e-5)  # fmt: skip
 
 
+def test_fp8_linear_is_its_formula():
+    """The torch-native FP8 layer (the sm_89+ backend without transformer-engine) from its definition: W and x cast
+    to float8 e4m3 after dividing by per-tensor scales max|.| / 448, multiplied, rescaled, bf16 output. torch's
+    `_scaled_mm` also runs on CPU, which checks the arithmetic here; the GPU is where the backend is chosen."""
+    from sanarl.tasks.quantize import Fp8Linear
+
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32)
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        out, exact = Fp8Linear(layer)(x), layer(x)
+        w_scale, x_scale = layer.weight.abs().max() / 448, x.abs().max() / 448
+        q_w = (layer.weight / w_scale).to(torch.float8_e4m3fn).float() * w_scale
+        q_x = (x / x_scale).to(torch.float8_e4m3fn).float() * x_scale
+        hand = (q_x @ q_w.t() + layer.bias.to(torch.bfloat16).float()).to(torch.bfloat16).float()
+    torch.testing.assert_close(out, hand, atol=1e-2, rtol=0)  # one bf16 rounding at |y| ~ 1.5 apart at most
+    rel = ((out - exact).norm() / exact.norm()).item()
+    assert 1e-3 < rel < 0.1
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """A sol_rl rollout engine on the tiny FLUX with an int8 preview copy (every linear eligible: min dim 0)."""
