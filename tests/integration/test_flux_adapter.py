@@ -12,6 +12,7 @@ Sampler oracle: `FluxPipeline.__call__` fed the same prompt text and per-sample 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +26,14 @@ from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError
 from sanarl.models import load_adapter
 from sanarl.models.loading import resolve_weights
-from sanarl.tasks.quantize import Int8DynamicLinear
 from sanarl.tasks.sampling import GenerationSpec, generate_latents
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
+
 PRESETS = ROOT / "tests" / "data" / "presets"
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 SHAPES = "sanarl.datasets.shapes"
@@ -223,10 +226,6 @@ def test_bfloat16_frozen_parts_with_float32_master_weights(flux):
 
 
 # --- every task on FLUX -------------------------------------------------------------------------------------------
-INT8 = ["rollout.preview_precision=int8", "rollout.nvfp4_min_dim=0"]
-"""The CPU quantization backend on every eligible layer of the tiny model (all are below Sol-RL's min dims)."""
-
-
 def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome:
     lora = "lora" in preset or "nft" in preset or "grpo" in preset
     overrides = [f"train.output_dir={out}", FLUX, *([DEFAULT_TARGETS] if lora else []), *extra]
@@ -290,36 +289,16 @@ def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, flux):
     torch.testing.assert_close(pipe._unpack_latents(theirs, 32, 32, 4), ours, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        [],
-        ["rollout.family=naive_scaling", "rollout.num_candidates=4"],
-        ["rollout.family=compile", "rollout.num_candidates=4"],
-        ["rollout.family=naive_quant", "rollout.num_candidates=4", *INT8],
-        ["rollout.family=sol_rl", "rollout.num_candidates=4", "rollout.preview_step=2", *INT8],
-    ],
-    ids=["diffusionnft", "naive_scaling", "compile", "naive_quant", "sol_rl"],
-)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_nft_iteration_with_every_rollout_family(tmp_path, monkeypatch, family):
     from sanarl.core.lora import adapter_parameters
 
-    compiled = []  # torch.compile itself is covered by test_compile.py (minutes on 2 cores for a whole model)
-    monkeypatch.setattr(torch, "compile", lambda module, mode=None: compiled.append(mode) or module)
-
-    outcome = _train("sd3-nft.toml", tmp_path, SHAPES, *family)
+    compiled = record_compiles(monkeypatch)
+    outcome = _train("sd3-nft.toml", tmp_path, SHAPES, *FAMILIES[family])
     records = _finite_records(tmp_path, 1)
     lora_b = adapter_parameters(outcome.task.adapter.transformer, "default")
     assert sum(v.abs().max() > 0 for k, v in lora_b.items() if "lora_B" in k) >= 6
-    kept = 2 * 2  # prompts x n_generation
-    drafts = {"diffusionnft": 0, "sol_rl": 2 * 4}.get(outcome.task.cfg.rollout.family, 2 * 4 - kept)
-    assert records[0]["rollout_images"] == kept + drafts
-    family_name = outcome.task.cfg.rollout.family
-    engine = outcome.task.engine
-    quantized = engine.preview_copy if family_name == "sol_rl" else engine.full_copy
-    if family_name in ("naive_quant", "sol_rl"):  # the int8 CPU backend really ran
-        assert any(isinstance(m, Int8DynamicLinear) for m in quantized.module.modules())
-    assert compiled == (["max-autotune-no-cudagraphs"] if family_name in ("compile", "naive_quant") else [])
+    check_family_run(outcome, records, compiled)
 
 
 def test_flow_grpo_iteration_with_embedded_guidance(tmp_path):

@@ -11,6 +11,7 @@ seeds, `sigmas = linspace(1, 1/N, N)` (its scheduler shifts them once by 3.0, wh
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,9 @@ from sanarl.tasks.sampling import GenerationSpec, generate_latents
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
+
 PRESETS = ROOT / "tests" / "data" / "presets"
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 SHAPES = "sanarl.datasets.shapes"
@@ -299,6 +303,14 @@ def test_nft_iteration_trains_the_default_adapter(tmp_path, tiny):
     # every adapter moved but one: the last MMDiT block drops its text stream (context_pre_only), so its text
     # queries reach no output and get exactly zero gradient
     assert len(lora_b) == 15 and still == ["transformer_blocks.1.attn.add_q_proj.lora_B.default.weight"]
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "diffusionnft"])
+def test_nft_rollout_families_on_the_large_shape(tmp_path, monkeypatch, family):
+    """Every search family trains on the SD3.5-Large shape (the plain family is the test above, on both shapes)."""
+    compiled = record_compiles(monkeypatch)
+    outcome = _train("sd3-nft.toml", tmp_path, SHAPES, "sd35l", *FAMILIES[family])
+    check_family_run(outcome, _finite_records(tmp_path, 1), compiled)
 
 
 def test_flow_grpo_iteration_with_cfg(tmp_path, tiny):
