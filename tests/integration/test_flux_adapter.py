@@ -301,14 +301,39 @@ def test_nft_iteration_with_every_rollout_family(tmp_path, monkeypatch, family):
     check_family_run(outcome, records, compiled)
 
 
-def test_flow_grpo_iteration_with_embedded_guidance(tmp_path):
-    from sanarl.core.lora import adapter_parameters
+@pytest.mark.parametrize("cfg_in_training", [True, False])
+def test_flow_grpo_iteration_with_embedded_guidance(tmp_path, cfg_in_training):
+    from sanarl.core.lora import adapter_parameters, adapters_disabled
 
-    outcome = _train("sd3-grpo.toml", tmp_path, SHAPES)
+    flag = f"train.train_policy.cfg_in_training={str(cfg_in_training).lower()}"
+    outcome = _train("sd3-grpo.toml", tmp_path, SHAPES, flag)
     _finite_records(tmp_path, 1)
-    assert outcome.task.engine.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
-    default = adapter_parameters(outcome.task.adapter.transformer, "default")
+    task, adapter = outcome.task, outcome.task.adapter
+    assert task.engine.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
+    default = adapter_parameters(adapter.transformer, "default")
     assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
+    # the KL reference runs at the rollout's embedded guidance whatever cfg_in_training says
+    cond = adapter.encode_prompts(PROMPTS)
+    x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
+    with torch.no_grad(), adapters_disabled(adapter.trainable_module()):
+        base_at_2 = pack_free_velocity(adapter, x, s, cond, 2.0)
+    torch.testing.assert_close(task._reference_velocity(x, s, cond), base_at_2)
+
+
+def pack_free_velocity(adapter, x, s, cond, guidance: float) -> torch.Tensor:
+    """The transformer called directly (packing and ids by the pipeline's own helpers) at `guidance`."""
+    pipe = adapter.pipeline
+    out = adapter.transformer(
+        hidden_states=pipe._pack_latents(x, 2, 4, 8, 8),
+        timestep=s,
+        guidance=torch.full((2,), guidance),
+        pooled_projections=cond.pooled,
+        encoder_hidden_states=cond.embeds,
+        txt_ids=torch.zeros(cond.embeds.shape[1], 3),
+        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
+        return_dict=False,
+    )[0]
+    return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
 
 
 def test_soar_steps_read_the_shipped_example_data(tmp_path, flux):
