@@ -203,3 +203,32 @@ def test_precisions_the_machine_cannot_run_name_the_fix(monkeypatch, capability,
     monkeypatch.setattr(quantize, "_has_te", lambda: te)
     with pytest.raises(UserError, match=needle):
         quantize.check_quantization(precision, "sol_rl")
+
+
+def test_real_architectures_quantize_what_sol_rl_quantizes():
+    """The skip lists and min dims of Sol-RL's presets on the real FLUX.1-dev and SD3.5-Large shapes (meta device, no
+    memory): Sol-RL's rule keeps a layer whose largest side is <= min dim, so SD3.5-L's 2432 x 2432 attention
+    projections stay bf16 and only its image feed-forwards are quantized, while FLUX.1-dev quantizes all but its
+    embedders and output norm."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+    from sanarl.tasks.quantize import eligible_linears
+
+    with torch.device("meta"):
+        flux = FluxTransformer2DModel(guidance_embeds=True)  # the defaults are FLUX.1's shapes
+        large = SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, num_layers=38,
+                                      attention_head_dim=64, num_attention_heads=38, joint_attention_dim=4096,
+                                      caption_projection_dim=2432, pooled_projection_dim=2048, out_channels=16,
+                                      pos_embed_max_size=192, qk_norm="rms_norm", dual_attention_layers=())  # fmt: skip
+    linears = {n for n, m in flux.named_modules() if isinstance(m, nn.Linear)}
+    kept = linears - set(eligible_linears(flux, 1000))
+    assert {n.split(".")[0] for n in kept} == {
+        "x_embedder",
+        "context_embedder",
+        "time_text_embed",
+        "norm_out",
+    }
+    assert len(linears) - len(kept) == 495
+    quantized = eligible_linears(large, 2432)
+    assert len(quantized) == 2 * 38
+    assert all(n.endswith((".ff.net.0.proj", ".ff.net.2")) and ".ff_context." not in n for n in quantized)
