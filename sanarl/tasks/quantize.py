@@ -7,8 +7,8 @@
 | nvfp4     | transformer-engine on Blackwell (sm_100+)                                                    |
 | fp8       | transformer-engine when it imports, else torch-native FP8 (`torch._scaled_mm`, e4m3 weights and |
 |           | activations, per-tensor scales) on an sm_89+ GPU (Ada / Hopper)                              |
-| int8      | dynamic int8 on CPU: per-output-channel int8 weights, activations quantized per call (the     |
-|           | quantized engine's `linear_dynamic` kernel; an exact integer emulation where it is missing)  |
+| int8      | dynamic int8 on CPU: per-output-channel int8 weights, uint8 activations (per tensor, per call) |
+|           | through the quantized engine's `linear_dynamic` kernel, or the same arithmetic emulated      |
 | auto      | the best of those this machine has: nvfp4, then fp8, then int8 on a CPU-only machine          |
 | bf16      | no quantization                                                                              |
 
@@ -37,7 +37,6 @@ SKIP_BY_ARCHITECTURE = {
 }  # fmt: skip
 """Sol-RL's `nvfp4_skip_modules` per transformer class (configs/sol_rl/flux1.py, sd3.py); others: SANA's list
 (Sol-RL's sana.py names plus their diffusers equivalents)."""
-SKIP_PARTS = SANA_SKIP
 PRECISIONS = ("nvfp4", "fp8", "int8", "auto", "bf16")
 MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
 GPUS = {"fp8": "Hopper or Ada (sm_89+), e.g. H100 / L40S", "nvfp4": "Blackwell (sm_100+), e.g. B200"}
