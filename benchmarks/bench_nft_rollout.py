@@ -3,12 +3,15 @@
 1. Sol-RL two-stage search vs naive scaling: both look at M = 4K drafts per prompt and keep K by best/worst;
    naive_scaling samples every draft at full steps, sol_rl previews them at `--preview-step` steps and regenerates
    only the K kept seeds at full steps. Prints the rollout time ratio (target <= 0.5) and the kept samples' mean
-   reward of each (target: sol_rl within 5% of naive_scaling).
+   reward of each (target: sol_rl within 5% of naive_scaling). The preview runs at `--preview-precision`
+   (default int8: the CPU quantization backend, every eligible linear layer of the tiny model quantized, a real
+   quantization error; bf16 = unquantized, fewer steps only).
 2. Async reward overlap: the same diffusionnft rollout with scoring on a worker thread (the next prompt is sampled
    while the previous one is scored) vs strictly sequential scoring, with the real `shapes` reward and with a
    simulated slow reward (a fixed delay per call, like a remote reward service).
 
-    python benchmarks/bench_nft_rollout.py [--prompts 8] [--repeats 3] [--preview-step 2] [--only search|overlap]
+    python benchmarks/bench_nft_rollout.py [--prompts 8] [--repeats 3] [--preview-step 2] [--preview-precision int8]
+        [--only search|overlap]
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def search_benchmark(args) -> None:
     sol, _ = engine_for(
         "rollout.family=sol_rl",
         f"rollout.preview_step={args.preview_step}",
-        "rollout.preview_precision=bf16",
+        f"rollout.preview_precision={args.preview_precision}",
+        "rollout.nvfp4_min_dim=0",
         *common,
     )
     prompts, metas = prompts_for(task, args.prompts)
@@ -87,7 +91,7 @@ def search_benchmark(args) -> None:
             rewards[name] = r
     med = {k_: statistics.median(v) for k_, v in times.items()}
     print(f"search: {args.prompts} prompts, M={m} drafts -> K={k} kept, full steps {naive.spec.num_steps}, "
-          f"sol_rl preview {args.preview_step} steps (bf16, unquantized)")  # fmt: skip
+          f"sol_rl preview {args.preview_step} steps ({args.preview_precision} preview copy)")  # fmt: skip
     print(f"  naive_scaling  {med['naive_scaling']:.2f} s   kept mean reward {rewards['naive_scaling']:.4f}")
     print(f"  sol_rl         {med['sol_rl']:.2f} s   kept mean reward {rewards['sol_rl']:.4f}")
     print(f"  time ratio sol_rl / naive_scaling = {med['sol_rl'] / med['naive_scaling']:.3f} (target <= 0.5)")
@@ -120,6 +124,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preview-step", type=int, default=2)
+    parser.add_argument(
+        "--preview-precision", default="int8", choices=("int8", "auto", "fp8", "nvfp4", "bf16")
+    )
     parser.add_argument(
         "--only", choices=("search", "overlap"), default=None, help="run one of the two parts"
     )

@@ -1,9 +1,14 @@
-"""sanarl's sampling loop vs diffusers' `SanaPipeline.__call__` on the same tiny model: equality and speed.
+"""sanarl's sampling loop vs diffusers' `SanaPipeline.__call__` / `FluxPipeline.__call__` on the same tiny model:
+equality and speed.
 
 Both sides integrate the flow ODE with Euler from s = 1 to 0 on the same grid, with the same per-sample seeds,
 the same prompt embeddings (computed once by the adapter) and CFG ``v = v_u + w (v_c - v_u)`` with the
 uncond = the encoding of "". The pipeline gets ``sigmas = linspace(1, 1/N, N)`` so its
 FlowMatchEulerDiscreteScheduler shifts them once, which is exactly `sanarl.core.flow.sigma_grid(N, shift)`.
+
+FLUX (`sanarl-tiny:flux`, guidance-distilled) has no CFG batch: both sides feed the guidance to the transformer's
+guidance embedding, the pipeline shifts the grid by its own `calculate_shift` mu (sanarl: `adapter.shift_for`), and
+its packed latent tokens are unpacked for the comparison.
 
 Prints, per tiny model: the max abs difference of the final latents (must be < 1e-4) and the wall-clock ratio
 sanarl / diffusers (median of interleaved repeats after a warm-up; target <= 1.0).
@@ -69,13 +74,13 @@ def make_case(model: str, batch: int, steps: int, guidance: float, device: str, 
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
     seeds = [1000 + i for i in range(batch)]
     cond = adapter.encode_prompts(prompts)
-    uncond = adapter.encode_prompts([""]) if guidance != 1.0 else None
+    uncond = adapter.encode_prompts([""]) if guidance != 1.0 and adapter.cfg_batch else None
     spec = GenerationSpec(
         num_steps=steps,
         guidance_scale=guidance,
         solver="euler",
         eta=0.0,
-        shift=adapter.default_shift,
+        shift=adapter.shift_for(SIZE, SIZE),
         height=SIZE,
         width=SIZE,
     )
@@ -84,6 +89,8 @@ def make_case(model: str, batch: int, steps: int, guidance: float, device: str, 
         return generate_latents(adapter, cond, seeds, spec, uncond=uncond).latents
 
     def run_diffusers() -> torch.Tensor:
+        if not adapter.cfg_batch:
+            return flux_latents(adapter, cond, seeds, steps, guidance)
         return diffusers_latents(adapter, cond, uncond, seeds, steps, guidance)
 
     return Case(model, run_sanarl, run_diffusers)
@@ -116,6 +123,22 @@ def diffusers_latents(adapter, cond, uncond, seeds: list[int], steps: int, guida
     return out.images
 
 
+def flux_latents(adapter, cond, seeds: list[int], steps: int, guidance: float) -> torch.Tensor:
+    """`FluxPipeline.__call__` (its default sigmas and mu) with precomputed embeddings -> unpacked latents."""
+    pipe = adapter.pipeline
+    out = pipe(
+        prompt_embeds=cond.embeds,
+        pooled_prompt_embeds=cond.pooled,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        height=SIZE,
+        width=SIZE,
+        generator=[torch.Generator().manual_seed(s) for s in seeds],
+        output_type="latent",
+    )
+    return pipe._unpack_latents(out.images, SIZE, SIZE, pipe.vae_scale_factor)
+
+
 def profile(fn: Callable[[], object], label: str, top: int = 18) -> None:
     """cProfile one call and print the functions with the most cumulative time."""
     prof = cProfile.Profile()
@@ -135,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guidance", type=float, default=4.5)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", nargs="+", default=list(_common.TINY_MODELS))
+    parser.add_argument("--models", nargs="+", default=[*_common.TINY_MODELS, "sanarl-tiny:flux"])
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (0 = torch's default); see README"
     )

@@ -56,7 +56,7 @@ def eval_spec(adapter, size: int = 32, steps: int = 20) -> GenerationSpec:
         guidance_scale=1.0,
         solver="euler",
         eta=0.0,
-        shift=adapter.default_shift,
+        shift=adapter.shift_for(size, size),
         height=size,
         width=size,
     )

@@ -796,7 +796,7 @@ def _check_rollout_family(cfg: Config) -> None:
         ro.family, "rollout.family", ("diffusionnft", "naive_scaling", "compile", "naive_quant", "sol_rl")
     )
     _one_of(ro.selection, "rollout.selection", ("best_worst", "random", "mean_deviation", "extremes_random"))
-    _one_of(ro.preview_precision, "rollout.preview_precision", ("nvfp4", "fp8", "bf16"))
+    _one_of(ro.preview_precision, "rollout.preview_precision", ("nvfp4", "fp8", "int8", "auto", "bf16"))
     _at_least(ro.reward_workers, "rollout.reward_workers", 0)
     _at_least(ro.reward_deadline_s, "rollout.reward_deadline_s", 0, strict=True)
     m, k = ro.num_candidates, ro.n_generation

@@ -84,6 +84,10 @@ class DiffusersConfig:
     """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
     dtype: str = "float32"
     """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
+    # --- frozen LoRA base (flux, issue 22) ---
+    frozen_base_float32: bool = False
+    """LoRA runs: hold the frozen transformer in float32 too, instead of `dtype` (only the LoRA parameters are float32
+    by default, as diffusers' LoRA scripts do). Full fine-tunes always train float32 master weights."""
     complex_human_instruction: bool = True
     """SANA: prepend the pipeline's complex human instruction to prompts, as SANA's own inference does
     (tiny word-level models set false)."""
@@ -130,8 +134,9 @@ class RolloutConfig:
     preview_step: int = 6
     """Sampling steps of the sol_rl preview stage."""
     preview_precision: str = "fp8"
-    """Preview / quantized-copy precision: nvfp4 (Blackwell) | fp8 (Hopper) via transformer-engine, or bf16 (no
-    quantization: the preview is cheaper by its step count only; runs on any device, CPU included)."""
+    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine) | fp8 (sm_89+ GPUs: transformer-engine,
+    else torch-native FP8) | int8 (CPU: dynamic int8 linear layers) | auto (the best of those the machine has) | bf16
+    (no quantization: the preview is cheaper by its step count only). Backends: sanarl/tasks/quantize.py."""
     nvfp4_min_dim: int = 2240
     """Linear layers whose largest dimension is <= this stay unquantized."""
     compile_mode: str = "max-autotune-no-cudagraphs"

@@ -42,6 +42,11 @@ def add_lora_adapters(
         warnings.filterwarnings("ignore", message=".*multiple adapters.*")
         for name in ordered:
             module.add_adapter(config, adapter_name=name)
+    for param in lora_parameters(
+        module
+    ).values():  # adapters train in float32 over a low-precision frozen base
+        if param.dtype != torch.float32:
+            param.data = param.data.float()
     for name in ordered[1:]:
         copy_adapter(module, src=trainable, dst=name)
     activate_adapter(module, trainable)

@@ -15,6 +15,7 @@ ADAPTERS: dict[str, str] = {
     "SanaPipeline": "sanarl.models.sana:SanaAdapter",
     "StableDiffusion3Pipeline": "sanarl.models.sd3:SD3Adapter",
     "SanaVideoPipeline": "sanarl.models.sana_video:SanaVideoAdapter",
+    "FluxPipeline": "sanarl.models.flux:FluxAdapter",
 }
 """diffusers pipeline class (model_index.json `_class_name`) -> "module:AdapterClass", imported on use."""
 

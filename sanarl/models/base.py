@@ -23,6 +23,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 """`policy.diffusers.dtype` / `train.param_dtype` names -> torch dtypes."""
 
 
+def transformer_dtype(policy: PolicyConfig) -> torch.dtype:
+    """The dtype the transformer is held in: float32 master weights when all of it trains (no `[policy.lora]`, or
+    `frozen_base_float32`), else the frozen base stays in `policy.diffusers.dtype` (the LoRA weights are float32)."""
+    if policy.lora is None or policy.diffusers.frozen_base_float32:
+        return torch.float32
+    return DTYPES[policy.diffusers.dtype]
+
+
 @dataclass
 class Cond:
     """Prompt conditioning of a batch. embeds [B, L, D]; mask [B, L] (1 = token); pooled [B, P] or None."""
@@ -83,6 +91,9 @@ class DiffusionAdapter(ABC):
     pipeline: object
     device: torch.device
     default_shift: float = 1.0
+    cfg_batch: bool = True
+    """Guidance runs an unconditional batch (CFG); False for guidance-distilled families (FLUX.1-dev), whose
+    `guided_velocity` embeds the guidance scale instead, so no caller needs to encode the empty prompt."""
 
     def __init__(self) -> None:
         self.forward_module: nn.Module | None = None
@@ -100,13 +111,12 @@ class DiffusionAdapter(ABC):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:
         """Load `pipeline_cls` from a local directory: the frozen text encoder and VAE in `policy.diffusers.dtype`
-        (kept on CPU with `offload`), the trained transformer in float32 master weights on `device`."""
+        (kept on CPU with `offload`), the transformer on `device` in `transformer_dtype(policy)` (float32 master
+        weights for a full fine-tune, the frozen dtype under LoRA)."""
         dtype = DTYPES[policy.diffusers.dtype]
         pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
-        if dtype != torch.float32:
-            pipe.transformer.to(dtype=torch.float32)
-        pipe.transformer.to(device)
+        pipe.transformer.to(device=device, dtype=transformer_dtype(policy))
         if not policy.diffusers.offload:
             pipe.vae.to(device)
             pipe.text_encoder.to(device)
@@ -142,12 +152,24 @@ class DiffusionAdapter(ABC):
         """v_theta(x_s, s, c): x [B, ...], s [B] (or scalar) in [0, 1] -> float32 velocity like x.
 
         `module` runs another copy of the transformer (an inference copy); default: the trained one."""
+        s, module = self._call_inputs(x, s, module)
+        return self._forward(module, x, s, cond.expand_to(x.shape[0])).float()
+
+    def _call_inputs(
+        self, x: torch.Tensor, s: torch.Tensor, module: nn.Module | None
+    ) -> tuple[torch.Tensor, nn.Module]:
+        """s as a float32 [B] tensor on x's device, and the module to run (default: the trained one)."""
         s = torch.as_tensor(s, device=x.device, dtype=torch.float32)
         if s.ndim == 0:
             s = s.expand(x.shape[0])
         if module is None:
             module = self.forward_module if self.forward_module is not None else self.transformer
-        return self._forward(module, x, s, cond.expand_to(x.shape[0])).float()
+        return s, module
+
+    def shift_for(self, height: int, width: int) -> float:
+        """The grid shift for images of height x width when `sample.flow_shift` is unset: the scheduler's fixed
+        shift here; families whose pipeline shifts by resolution (FLUX) override it."""
+        return self.default_shift
 
     def guided_velocity(
         self,

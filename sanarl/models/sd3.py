@@ -14,6 +14,11 @@ What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (
   posterior mean) rather than a sample: the posterior std of SD3's VAE is tiny, and the mode makes data encoding a
   deterministic function of the image (the random draws of a step stay in sanarl's seeded generators).
 - Grid shift: the scheduler's `shift` (3.0 for SD3.5), applied once to the sigma grid.
+- SD3.5-Medium vs SD3.5-Large (docs/sd35.md): the same pipeline class and adapter. Medium's MMDiT has dual-attention
+  blocks (`dual_attention_layers` 0-12: a second, image-only attention `attn2` per block), Large has none (38 plain
+  joint-attention blocks, width 2432); everything here reads the loaded config, never the block layout. Skip-layer
+  guidance (the pipeline's `skip_guidance_layers`, which Medium's model card suggests as [7, 8, 9]) is off by default
+  in the pipeline and is not applied by sanarl for either model: the sampler matches the pipeline's default call.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torch import nn
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.models.base import DTYPES, Cond, DiffusionAdapter
+from sanarl.models.base import DTYPES, Cond, DiffusionAdapter, transformer_dtype
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 T5_LIMIT = 512
@@ -49,7 +54,8 @@ class SD3Adapter(DiffusionAdapter):
         "attn.to_v",
     )
     """Joint-attention projections of both streams (image: to_*, text: add_*), as Cosmos-RL's and diffusers' SD3
-    LoRA scripts target them; SD3.5's second (image-only) attention `attn2` is left alone."""
+    LoRA scripts target them (Sol-RL's SD3.5-Large list, configs/sol_rl/sd3.py, is the same); SD3.5-Medium's second
+    (image-only) attention `attn2` is left alone."""
 
     def __init__(
         self, pipeline: StableDiffusion3Pipeline, policy: PolicyConfig, device: torch.device
@@ -63,7 +69,7 @@ class SD3Adapter(DiffusionAdapter):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SD3Adapter:
         """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`, the transformer in
-        float32 master weights, on `device` (text encoders and VAE stay on CPU with `offload`)."""
+        `transformer_dtype(policy)`, on `device` (text encoders and VAE stay on CPU with `offload`)."""
         length = policy.diffusers.max_prompt_length
         if not 1 <= length <= T5_LIMIT:  # checked before any weight is read
             raise ConfigError(
@@ -71,8 +77,8 @@ class SD3Adapter(DiffusionAdapter):
                 "set it in that range (Cosmos-RL's SD3.5 recipes use 128 or 300, SOAR's uses 77)."
             )
         dtype = DTYPES[policy.diffusers.dtype]
-        # the trained transformer is read straight into float32 master weights (no round trip through `dtype`)
-        dtypes = {"default": dtype, "transformer": torch.float32}
+        # the transformer is read straight into its dtype (float32 master weights: no round trip through `dtype`)
+        dtypes = {"default": dtype, "transformer": transformer_dtype(policy)}
         pipe = StableDiffusion3Pipeline.from_pretrained(str(directory), dtype=dtypes)
         pipe.set_progress_bar_config(disable=True)
         pipe.transformer.to(device)

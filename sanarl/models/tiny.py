@@ -148,6 +148,8 @@ TINY_BUILDERS: dict[str, Callable | str] = {
     "shapes": build_shapes_pipeline,
     "sana-dcae": build_sana_dcae_pipeline,
     "sd3": "sanarl.models.tiny_sd3:build_sd3_pipeline",
+    "sd35l": "sanarl.models.tiny_sd3:build_sd35_large_pipeline",
+    "flux": "sanarl.models.tiny_flux:build_flux_pipeline",
     "sana-video": "sanarl.models.tiny_video:build_sana_video_pipeline",
     "shapes-video": "sanarl.models.tiny_video:build_shapes_video_pipeline",
 }

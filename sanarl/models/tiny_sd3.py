@@ -1,4 +1,5 @@
-"""Tiny random-init Stable Diffusion 3.5 pipeline (`sanarl-tiny:sd3`) for tests of the SD3 path on CPU.
+"""Tiny random-init Stable Diffusion 3.5 pipelines (`sanarl-tiny:sd3`, Medium-shaped; `sanarl-tiny:sd35l`,
+Large-shaped) for tests of the SD3 path on CPU.
 
 The same architecture as SD3.5-Medium, shrunk: an MMDiT (`SD3Transformer2DModel`, 2 joint blocks, the first with
 SD3.5's dual attention, RMS q/k norm, patch 2), an `AutoencoderKL` with 4 latent channels, spatial factor 4 and
@@ -94,8 +95,9 @@ def _vae():
     )
 
 
-def build_sd3_pipeline(seed: int = 0):
-    """The tiny SD3.5 pipeline (random init from `seed`); `save_pretrained` it to load it like real weights."""
+def build_sd3_pipeline(seed: int = 0, *, dual_attention_layers: tuple[int, ...] = (0,)):
+    """The tiny SD3.5 pipeline (random init from `seed`); `save_pretrained` it to load it like real weights.
+    `dual_attention_layers`: the MMDiT blocks with SD3.5-Medium's second, image-only attention (`attn2`)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     torch.manual_seed(seed)
@@ -113,7 +115,7 @@ def build_sd3_pipeline(seed: int = 0):
         caption_projection_dim=16,
         pooled_projection_dim=TEXT_WIDTH,
         pos_embed_max_size=32,
-        dual_attention_layers=(0,),
+        dual_attention_layers=dual_attention_layers,
         qk_norm="rms_norm",
     )
     return StableDiffusion3Pipeline(
@@ -127,3 +129,10 @@ def build_sd3_pipeline(seed: int = 0):
         text_encoder_3=_t5(vocab),
         tokenizer_3=_tokenizer("$A <eos>", 512),
     )
+
+
+def build_sd35_large_pipeline(seed: int = 0):
+    """The tiny SD3.5-Large-shaped pipeline (`sanarl-tiny:sd35l`): what differs from Medium at this scale is the
+    MMDiT without dual-attention blocks (SD3.5-Large's `dual_attention_layers` is empty: one joint attention per
+    block, no `attn2`); text encoders, VAE, q/k RMS norm and the shift-3 scheduler are Medium's."""
+    return build_sd3_pipeline(seed, dual_attention_layers=())

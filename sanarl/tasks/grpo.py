@@ -405,7 +405,9 @@ class FlowGRPOTask(NFTTask):
     @torch.no_grad()
     def _reference_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """The reference model's velocity, guided like the policy's: base weights (LoRA off) or the frozen copy."""
-        w = self.spec.guidance_scale if self.cfg.train.train_policy.cfg_in_training else 1.0
+        # a guidance-distilled model (no CFG batch) embeds the rollout's guidance in every forward
+        embedded = not self.adapter.cfg_batch
+        w = self.spec.guidance_scale if self.cfg.train.train_policy.cfg_in_training or embedded else 1.0
         if self.reference is not None:
             return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w, self.reference)
         with adapters_disabled(self.adapter.trainable_module()):

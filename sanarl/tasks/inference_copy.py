@@ -1,8 +1,9 @@
 """Inference copies of the behaviour policy for Sol-RL's rollout families (ALGORITHMS.md section 3).
 
 An inference copy is a separate transformer whose linear layers carry the "old" adapter merged into their weights
-(W = W_base + scale * B_old A_old), optionally quantized (FP8 / NVFP4 through transformer-engine) and
-torch.compile'd. It is refreshed in place after every old-adapter update, so it always equals theta_old.
+(W = W_base + scale * B_old A_old), optionally quantized (sanarl/tasks/quantize.py: transformer-engine FP8 / NVFP4,
+torch-native FP8 or CPU int8) and torch.compile'd. It is refreshed in place after every old-adapter update, so it
+always equals theta_old.
 """
 
 from __future__ import annotations

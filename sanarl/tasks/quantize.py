@@ -1,61 +1,119 @@
-"""Low-precision linear layers for Sol-RL's quantized rollout copies, through NVIDIA transformer-engine.
+"""Low-precision linear layers for Sol-RL's quantized rollout copies (the sol_rl preview, the naive_quant copy).
 
-FP8 (Hopper / Ada, sm_89+) or NVFP4 (Blackwell, sm_100+). transformer-engine is an optional GPU-only extra
-(`pip install "sanarl[te]"`), imported lazily; `check_quantization` runs at start so a run that cannot quantize
-stops before any work with the fix (install it, use such a GPU, or `rollout.preview_precision = "bf16"`).
-Sensitive modules (embedders, caption projection, final layer, the self-attention q/k/v, Sol-RL's `attn.qkv`) and
-layers whose largest dimension is <= `min_dim` stay in high precision.
+`rollout.preview_precision` names the precision; the machine decides the backend (`backend_for`):
+
+| precision | backend                                                                                      |
+|-----------|----------------------------------------------------------------------------------------------|
+| nvfp4     | transformer-engine on Blackwell (sm_100+)                                                    |
+| fp8       | transformer-engine when it imports, else torch-native FP8 (`torch._scaled_mm`, e4m3 weights and |
+|           | activations, per-tensor scales) on an sm_89+ GPU (Ada / Hopper)                              |
+| int8      | dynamic int8 on CPU: per-output-channel int8 weights, uint8 activations (per tensor, per call) |
+|           | through the quantized engine's `linear_dynamic` kernel, or the same arithmetic emulated      |
+| auto      | the best of those this machine has: nvfp4, then fp8, then int8 on a CPU-only machine          |
+| bf16      | no quantization                                                                              |
+
+`check_quantization` runs at start, so a run that cannot quantize stops before any work with the fix. Every backend
+replaces the same layers: nn.Linear layers outside the architecture's skip list (Sol-RL's per model, `skip_parts`)
+whose largest dimension is > `min_dim` (`rollout.nvfp4_min_dim`) and whose sides are multiples of 16. The quantized
+layers keep a high-precision master `weight`, which `InferenceCopy.refresh` overwrites; the low-precision form is
+rebuilt from it on the next forward after each refresh.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import nn
 
 from sanarl.errors import UserError
 
-SKIP_PARTS = ("patch_embed", "time_embed", "caption_projection", "proj_out", "norm_out", "attn1.to_q", "attn1.to_k",
-              "attn1.to_v", "x_embedder", "t_embedder", "y_embedder", "final_layer", "attn.qkv")  # fmt: skip
+SANA_SKIP = ("patch_embed", "time_embed", "caption_projection", "proj_out", "norm_out", "attn1.to_q", "attn1.to_k",
+             "attn1.to_v", "x_embedder", "t_embedder", "y_embedder", "final_layer", "attn.qkv")  # fmt: skip
+SKIP_BY_ARCHITECTURE = {
+    "FluxTransformer2DModel": ("x_embedder", "context_embedder", "time_text_embed", "norm_out"),
+    "SD3Transformer2DModel": ("pos_embed", "context_embedder", "time_text_embed", "norm_out", "norm1", "ff_context"),
+}  # fmt: skip
+"""Sol-RL's `nvfp4_skip_modules` per transformer class (configs/sol_rl/flux1.py, sd3.py); others: SANA's list
+(Sol-RL's sana.py names plus their diffusers equivalents)."""
+PRECISIONS = ("nvfp4", "fp8", "int8", "auto", "bf16")
 MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
 GPUS = {"fp8": "Hopper or Ada (sm_89+), e.g. H100 / L40S", "nvfp4": "Blackwell (sm_100+), e.g. B200"}
+FP8_MAX = 448.0
+"""Largest finite float8_e4m3fn."""
+
+
+def skip_parts(module: nn.Module) -> tuple[str, ...]:
+    """The name parts whose layers stay in high precision for this transformer's architecture."""
+    return SKIP_BY_ARCHITECTURE.get(type(module).__name__, SANA_SKIP)
+
+
+def _has_te() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _capability() -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+def backend_for(precision: str) -> tuple[str, str] | None:
+    """(precision, backend) this machine runs `precision` with: backend "te" | "torch_fp8" | "int8"; None for bf16
+    (and for auto on a GPU below sm_89). Raises UserError with the fix when the precision cannot run here."""
+    cap = _capability()
+    if precision == "auto":
+        if cap is None:
+            return ("int8", "int8")
+        for name in ("nvfp4", "fp8"):
+            if cap >= MIN_CAPABILITY[name] and (_has_te() or name == "fp8"):
+                return backend_for(name)
+        return None
+    if precision == "bf16":
+        return None
+    if precision == "int8":
+        return ("int8", "int8")
+    fix = f'`rollout.preview_precision = "{precision}"` needs an NVIDIA {GPUS[precision]} GPU'
+    if precision == "fp8":
+        fix += " (through transformer-engine, or torch-native FP8 without it)"
+    else:
+        fix += " with transformer-engine"
+    if cap is None or cap < MIN_CAPABILITY[precision]:
+        raise UserError(
+            f'{fix}; this machine has none. Set `rollout.preview_precision = "auto"` (int8 on CPU) or "bf16".'
+        )
+    if _has_te():
+        return (precision, "te")
+    if precision == "fp8" and hasattr(torch, "_scaled_mm"):
+        return ("fp8", "torch_fp8")
+    raise UserError(
+        f'{fix} and transformer-engine (pip install "sanarl[te]"), which is not importable here. Install it, or '
+        'set `rollout.preview_precision = "fp8"` (torch-native FP8, no transformer-engine) or "bf16".'
+    )
 
 
 def check_quantization(precision: str, family: str) -> None:
-    """Raise UserError (exit 2) when `precision` quantization cannot run here; bf16 always can."""
-    if precision == "bf16":
-        return
-    fix = (
-        f'`rollout.family = "{family}"` quantizes with `rollout.preview_precision = "{precision}"`, which needs '
-        f'transformer-engine (pip install "sanarl[te]") on an NVIDIA {GPUS[precision]} GPU'
-    )
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as err:
+    """Raise UserError (exit 2) when `precision` quantization cannot run here (`backend_for`); bf16 always can."""
+    if precision not in PRECISIONS:
         raise UserError(
-            f"{fix}; it is not importable here ({type(err).__name__}). Install it on such a machine, or set "
-            '`rollout.preview_precision = "bf16"` to run the two-stage search with an unquantized, fewer-step '
-            "preview on any device."
-        ) from None
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < MIN_CAPABILITY[precision]:
-        raise UserError(f'{fix}; this machine has none. Set `rollout.preview_precision = "bf16"` elsewhere.')
+            f"`rollout.preview_precision = {precision!r}`: choose one of {', '.join(PRECISIONS)}."
+        )
+    try:
+        backend_for(precision)
+    except UserError as err:
+        raise UserError(f'`rollout.family = "{family}"`: {err}') from None
 
 
-def _recipe(precision: str):
-    from transformer_engine.common import recipe
-
-    return recipe.NVFP4BlockScaling() if precision == "nvfp4" else recipe.DelayedScaling()
-
-
-def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list[str]:
-    """Replace eligible nn.Linear layers by transformer-engine Linear layers (bf16 master weights) and make the
-    module's forward run under TE's low-precision autocast. Returns the replaced names."""
-    import transformer_engine.pytorch as te
-
-    replaced = []
-    for name, layer in list(module.named_modules()):
-        if not isinstance(layer, nn.Linear) or any(part in name for part in SKIP_PARTS):
+def eligible_linears(module: nn.Module, min_dim: int) -> list[str]:
+    """Names of the nn.Linear layers every backend quantizes: outside the skip list, largest side > min_dim, both
+    sides multiples of 16."""
+    skip = skip_parts(module)
+    names = []
+    for name, layer in module.named_modules():
+        if not isinstance(layer, nn.Linear) or any(part in name for part in skip):
             continue
         if (
             max(layer.in_features, layer.out_features) <= min_dim
@@ -63,6 +121,150 @@ def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list
             or layer.out_features % 16
         ):
             continue
+        names.append(name)
+    return names
+
+
+def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list[str]:
+    """Replace the eligible nn.Linear layers of `module` by the machine's low-precision layers for `precision`.
+    Returns the replaced names."""
+    chosen = backend_for(precision)
+    if chosen is None:
+        return []
+    precision, backend = chosen
+    device = next(module.parameters()).device
+    if backend == "int8" and device.type != "cpu":
+        raise UserError(
+            f'`rollout.preview_precision = "int8"` is the CPU backend (dynamic int8 linear layers); this run samples '
+            f'on {device.type}: use "fp8" (sm_89+ GPUs), "auto" or "bf16".'
+        )
+    names = eligible_linears(module, min_dim)
+    if backend == "te":
+        return _te_linears(module, names, precision)
+    layer_cls = Int8DynamicLinear if backend == "int8" else Fp8Linear
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, child, layer_cls(getattr(parent, child)))
+    module._sanarl_quantized = backend
+    return names
+
+
+class _RepackingLinear(nn.Module):
+    """A linear layer with a high-precision master `weight` / `bias` and a low-precision form rebuilt from the
+    master whenever it changed (tracked through the tensor's in-place version counter)."""
+
+    def __init__(self, layer: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+        self.bias = (
+            None if layer.bias is None else nn.Parameter(layer.bias.detach().clone(), requires_grad=False)
+        )
+        self._packed = None
+        self._packed_version = None
+
+    def _version(self) -> tuple[int, int]:
+        return (self.weight._version, -1 if self.bias is None else self.bias._version)
+
+    def packed(self):
+        if self._packed is None or self._packed_version != self._version():
+            with torch.no_grad():
+                self._packed = self._pack()
+            self._packed_version = self._version()
+        return self._packed
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """x -> (q, scale, zero point): per-tensor affine uint8 over [min(x, 0), max(x, 0)], as torch's dynamic linear."""
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = max((hi - lo) / 255.0, 1e-12)
+    zero = round(-lo / scale)
+    return torch.clamp(torch.round(x / scale) + zero, 0, 255), scale, zero
+
+
+class Int8DynamicLinear(_RepackingLinear):
+    """y = x W^T + b with W quantized to int8 per output channel (symmetric, scale max|W_row| / 127) and x to uint8
+    per call (`quantize_activation`): the CPU quantized engine's dynamic linear kernel, or the same arithmetic
+    emulated where the kernel is missing."""
+
+    def _pack(self):
+        w = self.weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+        if _kernel_available():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch marks its quantized tensor creation as deprecated
+                zero = torch.zeros(w.shape[0], dtype=torch.long)
+                q = torch.quantize_per_channel(w.cpu(), scale.double().cpu(), zero, 0, torch.qint8)
+                bias = None if self.bias is None else self.bias.float().cpu()
+                return ("kernel", torch.ops.quantized.linear_prepack(q, bias))
+        q = torch.round(w / scale[:, None]).clamp(-127, 127)
+        return ("emulated", (q, scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kind, packed = self.packed()
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        if kind == "kernel":
+            out = torch.ops.quantized.linear_dynamic(flat, packed, False)
+        else:
+            q_w, w_scale = packed
+            q_x, x_scale, zero = quantize_activation(flat)
+            out = ((q_x - zero) @ q_w.t()) * (x_scale * w_scale[None, :])
+            if self.bias is not None:
+                out = out + self.bias.float()
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+@functools.cache
+def _kernel_available() -> bool:
+    """Whether torch's CPU quantized engine runs a dynamic int8 linear here."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(torch.ones(16, 16), torch.ones(16).double(), torch.zeros(16).long(), 0,
+                                           torch.qint8)  # fmt: skip
+            torch.ops.quantized.linear_dynamic(
+                torch.ones(1, 16), torch.ops.quantized.linear_prepack(q, None), False
+            )
+    except Exception:
+        return False
+    return True
+
+
+class Fp8Linear(_RepackingLinear):
+    """y = x W^T + b in FP8 e4m3 on sm_89+ GPUs through `torch._scaled_mm`: per-tensor scales, the weight's from its
+    absolute maximum, the activation's per call; bf16 output."""
+
+    def _pack(self):
+        w = self.weight.float()
+        scale = (w.abs().max() / FP8_MAX).clamp_min(1e-12)
+        q = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        return q, scale.reshape(()), bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q_w, w_scale, bias = self.packed()
+        flat = x.reshape(-1, self.in_features).float()
+        x_scale = (flat.abs().max() / FP8_MAX).clamp_min(1e-12)
+        q_x = (flat / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        out = torch._scaled_mm(
+            q_x, q_w.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=torch.bfloat16
+        )
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def _te_linears(module: nn.Module, names: list[str], precision: str) -> list[str]:
+    """transformer-engine Linear layers (bf16 master weights) and the module's forward under TE's autocast."""
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe as te_recipe
+
+    for name in names:
+        layer = module.get_submodule(name)
         new = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
                         params_dtype=torch.bfloat16, device=layer.weight.device)  # fmt: skip
         with torch.no_grad():
@@ -71,9 +273,8 @@ def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list
                 new.bias.copy_(layer.bias)
         parent_name, _, child = name.rpartition(".")
         setattr(module.get_submodule(parent_name) if parent_name else module, child, new)
-        replaced.append(name)
     forward = module.forward
-    recipe = _recipe(precision)
+    recipe = te_recipe.NVFP4BlockScaling() if precision == "nvfp4" else te_recipe.DelayedScaling()
 
     @functools.wraps(forward)
     def low_precision_forward(*args, **kwargs):
@@ -81,5 +282,5 @@ def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list
             return forward(*args, **kwargs)
 
     module.forward = low_precision_forward
-    module._sanarl_quantized = True
-    return replaced
+    module._sanarl_quantized = "te"
+    return names

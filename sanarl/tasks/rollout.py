@@ -87,7 +87,8 @@ class RolloutEngine:
             if ro.reward_workers > 0 and not self.remote
             else None
         )
-        self.uncond = adapter.encode_prompts([""]) if self.spec.guidance_scale != 1.0 else None
+        needs_uncond = self.spec.guidance_scale != 1.0 and adapter.cfg_batch
+        self.uncond = adapter.encode_prompts([""]) if needs_uncond else None
 
     # --- inference copies ---------------------------------------------------------------------------------------
     def _build_copies(self) -> None:

@@ -36,7 +36,7 @@ class GenerationSpec:
             guidance_scale=sample.guidance_scale,
             solver="euler" if deterministic else sample.solver,
             eta=0.0 if deterministic else sample.noise_level,
-            shift=sample.flow_shift if sample.flow_shift is not None else adapter.default_shift,
+            shift=sample.flow_shift if sample.flow_shift is not None else adapter.shift_for(*size),
             height=size[0],
             width=size[1],
         )
@@ -59,7 +59,7 @@ def generate_latents(
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
-    if spec.guidance_scale != 1.0 and uncond is None:
+    if spec.guidance_scale != 1.0 and uncond is None and adapter.cfg_batch:
         uncond = adapter.encode_prompts([""])
 
     def velocity(x_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -74,7 +74,13 @@ class SFTTask(Task):
         self.collate = getattr(plugin, "collate", default_collate)
         self.diff = cfg.policy.diffusers
         sample = self.diff.sample
-        self.shift = sample.flow_shift if sample.flow_shift is not None else adapter.default_shift
+        self.flow_shift = sample.flow_shift
+
+    def shift(self, media: torch.Tensor) -> float:
+        """The grid shift for this batch's image size: `sample.flow_shift`, else the model's own for that size."""
+        if self.flow_shift is not None:
+            return self.flow_shift
+        return self.adapter.shift_for(*media.shape[-2:])
 
     def steps_per_epoch(self) -> int:
         return max(1, len(self.train_dataset) // self.cfg.train.train_batch_per_replica)
@@ -97,12 +103,13 @@ class SFTTask(Task):
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         adapter, diff = self.adapter, self.diff
-        x0 = adapter.encode_images(batch[media_key(batch, self.plugin.__name__)])
+        media = batch[media_key(batch, self.plugin.__name__)]
+        x0 = adapter.encode_images(media)
         prompts = [
             p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)
         ]
         cond = adapter.encode_prompts(prompts)
-        s = u_to_sigma(batch["u"], self.shift).to(x0.device)
+        s = u_to_sigma(batch["u"], self.shift(media)).to(x0.device)
         eps = batch["eps"].to(x0.device)
         v = adapter.velocity(interpolate(x0, eps, s), s, cond)
         per_sample = (v - velocity_target(x0, eps)).pow(2).flatten(1).mean(1)

@@ -207,7 +207,7 @@ class SOARTask(Task):
             )
         self.collate = getattr(plugin, "collate", default_collate)
         sample = cfg.policy.diffusers.sample
-        self.shift = sample.flow_shift if sample.flow_shift is not None else adapter.default_shift
+        self.flow_shift = sample.flow_shift
         self._uncond: Cond | None = None
         self._metrics: dict[str, float] = {}
         self._check_buckets()
@@ -251,7 +251,12 @@ class SOARTask(Task):
             )
         count = len(batch["prompt"])
         latent = self.adapter.latent_shape(*batch["image"].shape[-2:])
-        batch.update(draw_randomness(count, latent, self.cfg, self.shift, rng))
+        shift = (
+            self.flow_shift
+            if self.flow_shift is not None
+            else self.adapter.shift_for(*batch["image"].shape[-2:])
+        )
+        batch.update(draw_randomness(count, latent, self.cfg, shift, rng))
         soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
         per_path = soar.num_rollout_paths * soar.trajectory_length
         n_active = int(batch["active"].sum())
@@ -273,7 +278,7 @@ class SOARTask(Task):
     def rollout_velocity(self, z: Tensor, s: Tensor, cond: Cond) -> Tensor:
         """v_cfg = v_u + w (v_c - v_u) with the current weights, no grad, on the unwrapped transformer."""
         w = self.soar.cfg_scale_sampling
-        if w != 1.0 and self._uncond is None:
+        if w != 1.0 and self._uncond is None and self.adapter.cfg_batch:
             self._uncond = self.adapter.encode_prompts([""])
         uncond = self._uncond if w != 1.0 else None
         return self.adapter.guided_velocity(z, s, cond, uncond, w, module=self.adapter.transformer)

@@ -1,4 +1,5 @@
-"""The SD3.5 adapter on the tiny random-init SD3 (`sanarl-tiny:sd3`): oracles are diffusers' own
+"""The SD3.5 adapter on the tiny random-init SD3.5-Medium (`sanarl-tiny:sd3`) and SD3.5-Large (`sanarl-tiny:sd35l`)
+shapes: oracles are diffusers' own
 `StableDiffusion3Pipeline` (encode_prompt, __call__, VAE) and hand computations; then every task runs one step on it
 through `sanarl.api.train` with no family-specific code, and its exports load back into diffusers.
 
@@ -10,6 +11,7 @@ seeds, `sigmas = linspace(1, 1/N, N)` (its scheduler shifts them once by 3.0, wh
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,9 @@ from sanarl.tasks.sampling import GenerationSpec, generate_latents
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
+
 PRESETS = ROOT / "tests" / "data" / "presets"
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 SHAPES = "sanarl.datasets.shapes"
@@ -54,13 +59,27 @@ def _no_metrics_plot(monkeypatch):
     monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
 
 
+@pytest.fixture(scope="module", params=["sd3", "sd35l"], ids=["medium", "large"])
+def tiny(request) -> str:
+    """The tiny model name: Medium-shaped (dual attention in block 0) or Large-shaped (no dual attention)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def sd3():
-    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+def sd3(tiny):
+    policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
     policy.diffusers.max_prompt_length = LENGTH
     adapter = load_adapter(policy)
     adapter.transformer.eval()
     return adapter
+
+
+def test_dual_attention_only_in_the_medium_shape(sd3, tiny):
+    """SD3.5-Medium's block 0 has a second, image-only attention; SD3.5-Large has none. The LoRA targets (joint
+    attention of both streams) and the sampler are the same for both."""
+    attn2 = [n for n, _ in sd3.transformer.named_modules() if n.endswith(".attn2")]
+    assert tuple(sd3.transformer.config.dual_attention_layers) == ((0,) if tiny == "sd3" else ())
+    assert attn2 == (["transformer_blocks.0.attn2"] if tiny == "sd3" else [])
 
 
 # --- prompts ------------------------------------------------------------------------------------------------------
@@ -172,8 +191,8 @@ def test_latent_shape_and_sizes_the_model_cannot_take(sd3):
         sd3.latent_shape(36, 32)
 
 
-def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd3):
-    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd3, tiny):
+    policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
     policy.diffusers.max_prompt_length = LENGTH
     policy.diffusers.offload = True
     off = load_adapter(policy)
@@ -186,8 +205,8 @@ def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd
     assert all(next(m.parameters()).device.type == "cpu" for m in frozen)
 
 
-def test_bfloat16_frozen_parts_with_float32_master_weights(sd3):
-    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+def test_bfloat16_frozen_parts_with_float32_master_weights(sd3, tiny):
+    policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
     policy.diffusers.max_prompt_length = LENGTH
     policy.diffusers.dtype = "bfloat16"
     half = load_adapter(policy)
@@ -207,8 +226,9 @@ def test_t5_length_beyond_512_is_a_config_error():
 
 
 # --- every task on SD3 --------------------------------------------------------------------------------------------
-def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome:
-    loaded = load_config(PRESETS / preset, [f"train.output_dir={out}", *extra])
+def _train(preset: str, out: Path, plugin: str, tiny: str, *extra: str) -> api.TrainOutcome:
+    overrides = [f"train.output_dir={out}", f"policy.model_name_or_path=sanarl-tiny:{tiny}", *extra]
+    loaded = load_config(PRESETS / preset, overrides)
     return api.train(loaded, plugin)
 
 
@@ -219,7 +239,7 @@ def _finite_records(out: Path, steps: int) -> list[dict]:
     return records
 
 
-def test_sft_step_trains_the_mmdit_and_exports_a_pipeline(tmp_path, sd3):
+def test_sft_step_trains_the_mmdit_and_exports_a_pipeline(tmp_path, sd3, tiny):
     from diffusers import StableDiffusion3Pipeline
 
     initial = sd3.transformer.state_dict()  # the same tiny weights, never trained
@@ -227,6 +247,7 @@ def test_sft_step_trains_the_mmdit_and_exports_a_pipeline(tmp_path, sd3):
         "sd3-sft.toml",
         tmp_path,
         SQUARES,
+        tiny,
         "validation.enable=true",
         "validation.num_samples=2",
         "validation.batch_size=2",
@@ -242,14 +263,14 @@ def test_sft_step_trains_the_mmdit_and_exports_a_pipeline(tmp_path, sd3):
         assert torch.equal(v, trained[k]), k
 
 
-def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, sd3):
+def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, sd3, tiny):
     from diffusers import StableDiffusion3Pipeline
 
-    outcome = _train("sd3-sft-lora.toml", tmp_path, SQUARES)
+    outcome = _train("sd3-sft-lora.toml", tmp_path, SQUARES, tiny)
     _finite_records(tmp_path, 1)
     adapter = outcome.task.adapter
     assert any(".attn.add_q_proj.lora_A" in k for k, _ in outcome.task.trainable_parameters())
-    pipe = StableDiffusion3Pipeline.from_pretrained(str(resolve_weights("sanarl-tiny:sd3")))
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(resolve_weights(f"sanarl-tiny:{tiny}")))
     pipe.load_lora_weights(str(tmp_path / "export"))
     # the run used its accelerator's device (cuda when present); the comparison runs on CPU
     cond = adapter.encode_prompts(PROMPTS).to("cpu")
@@ -268,10 +289,10 @@ def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, sd3):
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
-def test_nft_iteration_trains_the_default_adapter(tmp_path):
+def test_nft_iteration_trains_the_default_adapter(tmp_path, tiny):
     from sanarl.core.lora import adapter_parameters
 
-    outcome = _train("sd3-nft.toml", tmp_path, SHAPES)
+    outcome = _train("sd3-nft.toml", tmp_path, SHAPES, tiny)
     _finite_records(tmp_path, 1)
     lora_b = {
         k: v
@@ -284,8 +305,16 @@ def test_nft_iteration_trains_the_default_adapter(tmp_path):
     assert len(lora_b) == 15 and still == ["transformer_blocks.1.attn.add_q_proj.lora_B.default.weight"]
 
 
-def test_flow_grpo_iteration_with_cfg(tmp_path):
-    outcome = _train("sd3-grpo.toml", tmp_path, SHAPES)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "diffusionnft"])
+def test_nft_rollout_families_on_the_large_shape(tmp_path, monkeypatch, family):
+    """Every search family trains on the SD3.5-Large shape (the plain family is the test above, on both shapes)."""
+    compiled = record_compiles(monkeypatch)
+    outcome = _train("sd3-nft.toml", tmp_path, SHAPES, "sd35l", *FAMILIES[family])
+    check_family_run(outcome, _finite_records(tmp_path, 1), compiled)
+
+
+def test_flow_grpo_iteration_with_cfg(tmp_path, tiny):
+    outcome = _train("sd3-grpo.toml", tmp_path, SHAPES, tiny)
     from sanarl.core.lora import adapter_parameters
 
     _finite_records(tmp_path, 1)
@@ -293,13 +322,14 @@ def test_flow_grpo_iteration_with_cfg(tmp_path):
     assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
 
 
-def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3):
+def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
     data = ROOT / "datasets" / "examples" / "soar"
     initial = sd3.transformer.state_dict()
     outcome = _train(
         "sd3-soar.toml",
         tmp_path,
         "sanarl.datasets.soar_jsonl",
+        tiny,
         f"train.train_policy.dataset.local_dir={data}",
     )
     dataset = outcome.task.train_dataset

@@ -1,0 +1,370 @@
+"""The FLUX.1 adapter on the tiny random-init FLUX.1-dev (`sanarl-tiny:flux`): oracles are diffusers' own
+`FluxPipeline` (encode_prompt, __call__, VAE) and hand computations of the packing, position ids, guidance embedding
+and resolution shift; then every task (and every DiffusionNFT rollout family) runs on it through `sanarl.api.train`
+with the SD3 test presets, the model swapped by one override (no family-specific code), and its exports load back
+into diffusers.
+
+Sampler oracle: `FluxPipeline.__call__` fed the same prompt text and per-sample seeds, its default
+`sigmas = linspace(1, 1/N, N)` shifted by its own `calculate_shift` mu, the embedded guidance, `output_type="latent"`
+(packed tokens, unpacked with the pipeline's `_unpack_latents`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sanarl import api
+from sanarl.config import load_config
+from sanarl.config.schema import PolicyConfig
+from sanarl.core.tracking import read_metrics
+from sanarl.errors import ConfigError
+from sanarl.models import load_adapter
+from sanarl.models.loading import resolve_weights
+from sanarl.tasks.sampling import GenerationSpec, generate_latents
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
+
+PRESETS = ROOT / "tests" / "data" / "presets"
+SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
+SHAPES = "sanarl.datasets.shapes"
+PROMPTS = ["a red circle left of a blue square", "two green triangles"]
+SEEDS = [11, 12, 13]
+STEPS = 4
+LENGTH = 8
+TOLERANCE = 1e-4
+FLUX = "policy.model_name_or_path=sanarl-tiny:flux"
+"""The override that turns an SD3 test preset into a FLUX one."""
+DEFAULT_TARGETS = "policy.lora.target_modules=[]"
+"""LoRA presets: the family's default targets instead of SD3's."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads on a shared 2-core box (see test_sampler_matches_diffusers)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _no_metrics_plot(monkeypatch):
+    """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
+    import sanarl.tasks.runner as runner
+
+    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
+
+
+def _policy(guidance: float = 3.5) -> PolicyConfig:
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:flux")
+    policy.diffusers.max_prompt_length = LENGTH
+    policy.diffusers.sample.guidance_scale = guidance
+    return policy
+
+
+@pytest.fixture(scope="module")
+def flux():
+    adapter = load_adapter(_policy())
+    adapter.transformer.eval()
+    return adapter
+
+
+# --- prompts ------------------------------------------------------------------------------------------------------
+def test_encode_prompts_is_t5_tokens_and_clip_pooled(flux):
+    pipe = flux.pipeline
+    cond = flux.encode_prompts(PROMPTS)
+    embeds, pooled, text_ids = pipe.encode_prompt(PROMPTS, None, max_sequence_length=LENGTH)
+    assert cond.mask is None and cond.embeds.shape == (2, LENGTH, 32) and cond.pooled.shape == (2, 16)
+    assert torch.equal(cond.embeds, embeds) and torch.equal(cond.pooled, pooled)
+    assert torch.equal(text_ids, torch.zeros(LENGTH, 3))
+    ids = pipe.tokenizer_2(
+        PROMPTS, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt"
+    )
+    torch.testing.assert_close(cond.embeds, pipe.text_encoder_2(ids.input_ids)[0])
+    clip_ids = pipe.tokenizer(PROMPTS, padding="max_length", max_length=16, return_tensors="pt").input_ids
+    torch.testing.assert_close(cond.pooled, pipe.text_encoder(clip_ids).pooler_output)
+
+
+# --- packing, position ids, guidance, shift -----------------------------------------------------------------------
+def test_packing_is_2x2_patches_channel_major():
+    from sanarl.models.flux import image_ids, pack, unpack
+
+    z = torch.randn(2, 4, 6, 8)
+    tokens = pack(z)
+    assert tokens.shape == (2, 12, 16)
+    # token (i, j) = row-major patch index i * 4 + j; feature c * 4 + 2 dy + dx = z[c, 2i + dy, 2j + dx]
+    i, j, c, dy, dx = 1, 2, 3, 1, 0
+    assert tokens[1, i * 4 + j, c * 4 + 2 * dy + dx] == z[1, c, 2 * i + dy, 2 * j + dx]
+    assert torch.equal(unpack(tokens, 6, 8), z)
+    ids = image_ids(3, 4, torch.device("cpu"))
+    assert ids.shape == (12, 3) and ids[i * 4 + j].tolist() == [0.0, i, j]
+
+
+def test_velocity_is_the_transformer_on_packed_tokens_with_ids_and_guidance(flux):
+    pipe = flux.pipeline
+    cond = flux.encode_prompts(PROMPTS)
+    x = torch.randn(2, *flux.latent_shape(32, 32))
+    s = torch.tensor([0.3, 0.9])
+    packed = pipe._pack_latents(x, 2, 4, 8, 8)
+    direct = pipe.transformer(
+        hidden_states=packed,
+        timestep=s,
+        guidance=torch.full((2,), 3.5),
+        pooled_projections=cond.pooled,
+        encoder_hidden_states=cond.embeds,
+        txt_ids=torch.zeros(LENGTH, 3),
+        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
+        return_dict=False,
+    )[0]
+    ours = flux.velocity(x, s, cond)
+    assert torch.equal(ours, pipe._unpack_latents(direct, 32, 32, pipe.vae_scale_factor))
+    # guided_velocity: one forward at the embedded guidance, no CFG batch (the uncond is ignored)
+    other = flux.guided_velocity(x, s, cond, flux.encode_prompts([""]), 1.0)
+    assert torch.equal(flux.guided_velocity(x, s, cond, None, 1.0), other)
+    assert (other - ours).abs().max() > 1e-3  # the guidance embedding is really used
+    no_pool = type(cond)(cond.embeds, None, torch.zeros_like(cond.pooled))
+    assert (flux.velocity(x, s, no_pool) - ours).abs().max() > 1e-3
+
+
+def test_shift_grows_with_resolution_as_calculate_shift(flux):
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    for size, tokens in ((32, 16), (256, 1024), (512, 4096)):
+        assert flux.shift_for(size, size) == pytest.approx(math.exp(calculate_shift(tokens)), rel=1e-12)
+    assert flux.shift_for(512, 512) == pytest.approx(math.exp(1.15))  # max_shift at 4096 tokens
+    assert flux.default_shift == flux.shift_for(512, 512)  # default_sample_size 128 x VAE factor 4
+
+
+def test_grid_is_the_pipeline_schedulers_grid(flux):
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    from sanarl.core.flow import sigma_grid
+
+    sched = flux.pipeline.scheduler
+    sched.set_timesteps(sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)), mu=calculate_shift(16))
+    torch.testing.assert_close(sched.sigmas, sigma_grid(STEPS, flux.shift_for(32, 32)), atol=1e-6, rtol=0)
+
+
+def _sanarl(adapter, guidance: float) -> torch.Tensor:
+    spec = GenerationSpec(STEPS, guidance, "euler", 0.0, adapter.shift_for(32, 32), 32, 32)
+    cond = adapter.encode_prompts([PROMPTS[0]] * len(SEEDS))
+    return generate_latents(adapter, cond, SEEDS, spec).latents
+
+
+def _diffusers(adapter, guidance: float) -> torch.Tensor:
+    pipe = adapter.pipeline
+    packed = pipe(
+        prompt=[PROMPTS[0]] * len(SEEDS),
+        num_inference_steps=STEPS,
+        guidance_scale=guidance,
+        height=32,
+        width=32,
+        max_sequence_length=LENGTH,
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        output_type="latent",
+    ).images
+    return pipe._unpack_latents(packed, 32, 32, pipe.vae_scale_factor)
+
+
+@pytest.mark.parametrize("guidance", [1.0, 3.5])
+def test_final_latents_match_the_pipeline(flux, guidance):
+    ours, theirs = _sanarl(flux, guidance), _diffusers(flux, guidance)
+    assert ours.shape == theirs.shape == (3, 4, 8, 8)
+    assert (ours - theirs).abs().max().item() < TOLERANCE
+    assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # different seeds, different samples
+
+
+def test_guidance_changes_the_sample(flux):
+    assert (_sanarl(flux, 3.5) - _sanarl(flux, 1.0)).abs().max().item() > 100 * TOLERANCE
+
+
+# --- latents ------------------------------------------------------------------------------------------------------
+def test_latents_are_the_vae_mode_shifted_and_scaled(flux):
+    vae = flux.vae
+    assert (vae.config.shift_factor, vae.config.scaling_factor) == (0.1159, 0.3611)
+    images = torch.rand(2, 3, 32, 32)
+    dist = vae.encode(2 * images - 1).latent_dist
+    z = flux.encode_images(images)
+    torch.testing.assert_close(z, (dist.mean - 0.1159) * 0.3611)
+    pipe_images = flux.pipeline.image_processor.postprocess(
+        vae.decode(z / 0.3611 + 0.1159).sample, output_type="pt"
+    )
+    torch.testing.assert_close(flux.decode(z), pipe_images, atol=1e-6, rtol=0)
+
+
+def test_latent_shape_and_sizes_the_model_cannot_take(flux):
+    assert flux.latent_shape(64, 96) == (4, 16, 24)
+    with pytest.raises(ValueError, match="not divisible by 8 \\(VAE factor 4 x 2 x 2 packing\\)"):
+        flux.latent_shape(36, 32)
+
+
+def test_t5_length_beyond_512_is_a_config_error():
+    policy = _policy()
+    policy.diffusers.max_prompt_length = 600
+    with pytest.raises(ConfigError, match="max_prompt_length = 600"):
+        load_adapter(policy)
+
+
+def test_bfloat16_frozen_parts_with_float32_master_weights(flux):
+    policy = _policy()
+    policy.diffusers.dtype = "bfloat16"
+    half = load_adapter(policy)
+    assert [m.dtype for m in half.text_encoders] == [torch.bfloat16] * 2 and half.vae.dtype == torch.bfloat16
+    full = flux.transformer.state_dict()
+    for k, v in half.transformer.state_dict().items():
+        assert v.dtype == torch.float32 and torch.equal(v, full[k]), k
+
+
+# --- every task on FLUX -------------------------------------------------------------------------------------------
+def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome:
+    lora = "lora" in preset or "nft" in preset or "grpo" in preset
+    overrides = [f"train.output_dir={out}", FLUX, *([DEFAULT_TARGETS] if lora else []), *extra]
+    loaded = load_config(PRESETS / preset, overrides)
+    return api.train(loaded, plugin)
+
+
+def _finite_records(out: Path, steps: int) -> list[dict]:
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in records)
+    return records
+
+
+def _moved(initial: dict, module: torch.nn.Module) -> float:
+    trained = {k: v.cpu() for k, v in module.state_dict().items()}
+    return sum(not torch.equal(initial[k], trained[k]) for k in initial) / len(initial)
+
+
+def test_sft_step_trains_the_transformer_and_exports_a_pipeline(tmp_path, flux):
+    from diffusers import FluxPipeline
+
+    initial = flux.transformer.state_dict()
+    outcome = _train("sd3-sft.toml", tmp_path, SQUARES, "policy.diffusers.sample.guidance_scale=3.5")
+    _finite_records(tmp_path, 1)
+    trained = outcome.task.adapter.transformer
+    assert _moved(initial, trained) >= 0.9
+    reloaded = FluxPipeline.from_pretrained(str(tmp_path / "export"))
+    for k, v in reloaded.transformer.state_dict().items():
+        assert torch.equal(v, trained.state_dict()[k].cpu()), k
+
+
+def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, flux):
+    from diffusers import FluxPipeline
+
+    outcome = _train("sd3-sft-lora.toml", tmp_path, SQUARES)
+    _finite_records(tmp_path, 1)
+    adapter = outcome.task.adapter
+    names = [k for k, _ in outcome.task.trainable_parameters()]
+    assert any("single_transformer_blocks.0.attn.to_q.lora_A" in k for k in names)
+    assert any("transformer_blocks.0.attn.to_out.0.lora_B" in k for k in names)
+    assert not any("add_q_proj" in k or "proj_mlp" in k for k in names)  # Sol-RL's four targets only
+    pipe = FluxPipeline.from_pretrained(str(resolve_weights("sanarl-tiny:flux")))
+    pipe.load_lora_weights(str(tmp_path / "export"))
+    cond = adapter.encode_prompts(PROMPTS).to("cpu")
+    x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
+    theirs = pipe.transformer(
+        hidden_states=pipe._pack_latents(x, 2, 4, 8, 8),
+        timestep=s,
+        guidance=torch.full((2,), adapter.guidance),
+        pooled_projections=cond.pooled,
+        encoder_hidden_states=cond.embeds,
+        txt_ids=torch.zeros(LENGTH, 3),
+        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
+        return_dict=False,
+    )[0]
+    with torch.no_grad():
+        ours = adapter.velocity(x.to(adapter.device), s.to(adapter.device), cond.to(adapter.device)).cpu()
+        base = flux.guided_velocity(x, s, cond, None, adapter.guidance)
+    assert (ours - base).abs().max() > 1e-4  # the step moved the LoRA weights off zero
+    torch.testing.assert_close(pipe._unpack_latents(theirs, 32, 32, 4), ours, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_nft_iteration_with_every_rollout_family(tmp_path, monkeypatch, family):
+    from sanarl.core.lora import adapter_parameters
+
+    compiled = record_compiles(monkeypatch)
+    outcome = _train("sd3-nft.toml", tmp_path, SHAPES, *FAMILIES[family])
+    records = _finite_records(tmp_path, 1)
+    lora_b = adapter_parameters(outcome.task.adapter.transformer, "default")
+    assert sum(v.abs().max() > 0 for k, v in lora_b.items() if "lora_B" in k) >= 6
+    check_family_run(outcome, records, compiled)
+
+
+@pytest.mark.parametrize("cfg_in_training", [True, False])
+def test_flow_grpo_iteration_with_embedded_guidance(tmp_path, cfg_in_training):
+    from sanarl.core.lora import adapter_parameters, adapters_disabled
+
+    flag = f"train.train_policy.cfg_in_training={str(cfg_in_training).lower()}"
+    outcome = _train("sd3-grpo.toml", tmp_path, SHAPES, flag)
+    _finite_records(tmp_path, 1)
+    task, adapter = outcome.task, outcome.task.adapter
+    assert task.engine.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
+    default = adapter_parameters(adapter.transformer, "default")
+    assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
+    # the KL reference runs at the rollout's embedded guidance whatever cfg_in_training says
+    cond = adapter.encode_prompts(PROMPTS)
+    x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
+    with torch.no_grad(), adapters_disabled(adapter.trainable_module()):
+        base_at_2 = pack_free_velocity(adapter, x, s, cond, 2.0)
+    torch.testing.assert_close(task._reference_velocity(x, s, cond), base_at_2)
+
+
+def pack_free_velocity(adapter, x, s, cond, guidance: float) -> torch.Tensor:
+    """The transformer called directly (packing and ids by the pipeline's own helpers) at `guidance`."""
+    pipe = adapter.pipeline
+    out = adapter.transformer(
+        hidden_states=pipe._pack_latents(x, 2, 4, 8, 8),
+        timestep=s,
+        guidance=torch.full((2,), guidance),
+        pooled_projections=cond.pooled,
+        encoder_hidden_states=cond.embeds,
+        txt_ids=torch.zeros(cond.embeds.shape[1], 3),
+        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
+        return_dict=False,
+    )[0]
+    return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
+
+
+def test_soar_steps_read_the_shipped_example_data(tmp_path, flux):
+    data = ROOT / "datasets" / "examples" / "soar"
+    initial = flux.transformer.state_dict()
+    outcome = _train(
+        "sd3-soar.toml",
+        tmp_path,
+        "sanarl.datasets.soar_jsonl",
+        f"train.train_policy.dataset.local_dir={data}",
+    )
+    for r in _finite_records(tmp_path, 2):
+        assert r["loss_main"] > 0 and r["loss_aux"] >= 0
+    assert _moved(initial, outcome.task.adapter.transformer) >= 0.9
+
+
+@pytest.mark.parametrize("frozen_float32", [False, True], ids=["bf16-base", "float32-base"])
+def test_lora_keeps_the_frozen_base_in_the_preset_dtype(tmp_path, frozen_float32):
+    """LoRA over a bf16 base: the frozen transformer stays bf16 (frozen_base_float32 = false, the default), only the
+    adapters are float32 and train; frozen_base_float32 = true holds the whole transformer in float32."""
+    outcome = _train(
+        "sd3-sft-lora.toml",
+        tmp_path,
+        SQUARES,
+        "policy.diffusers.dtype=bfloat16",
+        f"policy.diffusers.frozen_base_float32={str(frozen_float32).lower()}",
+    )
+    _finite_records(tmp_path, 1)
+    params = dict(outcome.task.adapter.transformer.named_parameters())
+    frozen = {p.dtype for n, p in params.items() if "lora_" not in n}
+    assert frozen == ({torch.float32} if frozen_float32 else {torch.bfloat16})
+    assert {p.dtype for n, p in params.items() if "lora_" in n} == {torch.float32}
+    trained = [n for n, p in params.items() if p.requires_grad]
+    assert trained and all(".default." in n and "lora_" in n for n in trained)

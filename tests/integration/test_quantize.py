@@ -1,0 +1,234 @@
+"""Quantized rollout copies on CPU: the int8 backend (sanarl/tasks/quantize.py) against its formula, the int8 copy of
+a tiny FLUX against the float32 copy, the Sol-RL selection it drives on a fixed draft set, and which backend each
+`rollout.preview_precision` gets on which machine.
+
+Tolerance of the int8 copy (stated): the velocity's relative L2 error against the float32 copy is below 5% (and
+above 1e-4: the error is real), here about 1%. The selection test keeps K = 4 of M = 12 drafts by best / worst of a
+reward, ranked once on the float32 copy's drafts and once on the int8 copy's."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from sanarl import api
+from sanarl.config import load_config
+from sanarl.core.selection import select_indices
+from sanarl.errors import UserError
+from sanarl.tasks import quantize
+from sanarl.tasks.quantize import Int8DynamicLinear, backend_for
+from sanarl.tasks.rollout import group_seeds
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESET = ROOT / "tests" / "data" / "presets" / "sd3-nft.toml"
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _hand_int8(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The dynamic int8 linear from its definition: W per output channel to int8 (scale max|row| / 127, zero 0),
+    x per tensor to uint8 over [min(x, 0), max(x, 0)] (scale range / 255, zero point round(-min / scale))."""
+    w_scale = w.abs().amax(dim=1) / 127
+    q_w = torch.round(w / w_scale[:, None]).clamp(-127, 127)
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    x_scale = (hi - lo) / 255
+    zero = round(-lo / x_scale)
+    q_x = torch.clamp(torch.round(x / x_scale) + zero, 0, 255)
+    return ((q_x - zero) * x_scale) @ (q_w * w_scale[:, None]).t() + b
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "emulated"])
+def test_int8_linear_is_its_formula_with_a_real_error(monkeypatch, kernel):
+    if not kernel:
+        monkeypatch.setattr(quantize, "_kernel_available", lambda: False)
+    torch.manual_seed(0)
+    layer = nn.Linear(128, 64)
+    x = torch.randn(3, 5, 128) * 2 + 0.3
+    q = Int8DynamicLinear(layer)
+    with torch.no_grad():
+        out, exact = q(x), layer(x)
+    hand = _hand_int8(x.reshape(-1, 128), layer.weight, layer.bias).reshape(3, 5, 64)
+    torch.testing.assert_close(out, hand, atol=1e-4, rtol=1e-5)
+    rel = ((out - exact).norm() / exact.norm()).item()
+    assert 1e-4 < rel < 0.02
+    # a refresh of the master weight (in place, as InferenceCopy.refresh) re-quantizes on the next call
+    with torch.no_grad():
+        q.weight.mul_(-1.0)
+        torch.testing.assert_close(q(x), _hand_int8(x.reshape(-1, 128), -layer.weight, layer.bias).reshape(3, 5, 64),
+                                   atol=1e-4, rtol=1e-5)  # fmt: skip
+
+
+def test_fp8_linear_is_its_formula():
+    """The torch-native FP8 layer (the sm_89+ backend without transformer-engine) from its definition: W and x cast
+    to float8 e4m3 after dividing by per-tensor scales max|.| / 448, multiplied, rescaled, bf16 output. torch's
+    `_scaled_mm` also runs on CPU, which checks the arithmetic here; the GPU is where the backend is chosen."""
+    from sanarl.tasks.quantize import Fp8Linear
+
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32)
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        out, exact = Fp8Linear(layer)(x), layer(x)
+        w_scale, x_scale = layer.weight.abs().max() / 448, x.abs().max() / 448
+        q_w = (layer.weight / w_scale).to(torch.float8_e4m3fn).float() * w_scale
+        q_x = (x / x_scale).to(torch.float8_e4m3fn).float() * x_scale
+        hand = (q_x @ q_w.t() + layer.bias.to(torch.bfloat16).float()).to(torch.bfloat16).float()
+    torch.testing.assert_close(out, hand, atol=1e-2, rtol=0)  # one bf16 rounding at |y| ~ 1.5 apart at most
+    rel = ((out - exact).norm() / exact.norm()).item()
+    assert 1e-3 < rel < 0.1
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A sol_rl rollout engine on the tiny FLUX with an int8 preview copy (every linear eligible: min dim 0)."""
+    out = tmp_path_factory.mktemp("quant")
+    overrides = [
+        f"train.output_dir={out}",
+        "policy.model_name_or_path=sanarl-tiny:flux",
+        "policy.lora.target_modules=[]",
+        "rollout.family=sol_rl",
+        "rollout.num_candidates=12",
+        "rollout.preview_step=4",
+        "rollout.preview_precision=int8",
+        "rollout.nvfp4_min_dim=0",
+        "rollout.reward_workers=0",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return api.train(load_config(PRESET, overrides), "sanarl.datasets.shapes", dry_run=True).task.engine
+
+
+def _velocity(engine, module, seed: int = 0) -> torch.Tensor:
+    adapter = engine.adapter
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, *adapter.latent_shape(32, 32), generator=gen)
+    cond = adapter.encode_prompts(["a red circle", "two blue squares"])
+    with torch.no_grad():
+        return adapter.velocity(x, torch.tensor([0.3, 0.8]), cond, module)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_int8_copy_tracks_the_float32_copy(engine):
+    preview, full = engine.preview_copy.module, engine.full_copy.module
+    quantized = [n for n, m in preview.named_modules() if isinstance(m, Int8DynamicLinear)]
+    assert (
+        "transformer_blocks.0.attn.to_q" in quantized and "single_transformer_blocks.0.proj_mlp" in quantized
+    )
+    assert not any(
+        part in n for n in quantized for part in ("x_embedder", "context_embedder", "time_text_embed")
+    )
+    assert not any(isinstance(m, Int8DynamicLinear) for m in full.modules())
+    rel = _rel(_velocity(engine, preview), _velocity(engine, full))
+    assert 1e-4 < rel < TOLERANCE, rel
+
+
+def test_selection_on_the_int8_preview_keeps_the_float32_seeds(engine):
+    """A fixed draft set (12 seeds of one prompt); the reward is each image's mean red minus mean blue. The K = 4 kept by
+    best / worst on the int8 preview's drafts are the float32 preview's."""
+    adapter = engine.adapter
+    seeds = group_seeds(3, 0, 0, 0, 12)
+    cond = adapter.encode_prompts(["a red circle"])
+    kept = {}
+    for name, copy_ in (("int8", engine.preview_copy), ("float32", engine.full_copy)):
+        images = adapter.decode(engine._sample(cond, seeds, engine.preview_spec, copy_))
+        reward = images[:, 0].mean(dim=(1, 2)) - images[:, 2].mean(dim=(1, 2))
+        kept[name] = sorted(seeds[i] for i in select_indices(reward, 4, "best_worst").tolist())
+    assert kept["int8"] == kept["float32"]
+
+
+def test_int8_copy_follows_a_refresh(engine):
+    live = engine.adapter.trainable_module()
+    before = _velocity(engine, engine.preview_copy.module)
+    with torch.no_grad():
+        for name, p in live.named_parameters():
+            if ".old." in name and "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    engine.refresh()
+    after_q, after_full = (
+        _velocity(engine, engine.preview_copy.module),
+        _velocity(engine, engine.full_copy.module),
+    )
+    assert _rel(after_q, before) > 2 * TOLERANCE  # the old adapter really moved the copy
+    assert _rel(after_q, after_full) < TOLERANCE
+
+
+# --- which backend on which machine -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("capability", "te", "precision", "expected"),
+    [
+        (None, False, "int8", ("int8", "int8")),
+        (None, False, "auto", ("int8", "int8")),
+        (None, False, "bf16", None),
+        ((9, 0), False, "fp8", ("fp8", "torch_fp8")),
+        ((9, 0), True, "fp8", ("fp8", "te")),
+        ((9, 0), False, "auto", ("fp8", "torch_fp8")),
+        ((10, 0), True, "auto", ("nvfp4", "te")),
+        ((10, 0), False, "auto", ("fp8", "torch_fp8")),
+        ((8, 0), False, "auto", None),
+    ],
+)
+def test_backend_follows_precision_and_machine(monkeypatch, capability, te, precision, expected):
+    monkeypatch.setattr(quantize, "_capability", lambda: capability)
+    monkeypatch.setattr(quantize, "_has_te", lambda: te)
+    assert backend_for(precision) == expected
+
+
+@pytest.mark.parametrize(
+    ("capability", "te", "precision", "needle"),
+    [
+        (None, False, "fp8", 'preview_precision = "auto"'),
+        (None, False, "nvfp4", "Blackwell"),
+        ((9, 0), False, "nvfp4", "Blackwell"),
+        ((10, 0), False, "nvfp4", "transformer-engine"),
+    ],
+)
+def test_precisions_the_machine_cannot_run_name_the_fix(monkeypatch, capability, te, precision, needle):
+    monkeypatch.setattr(quantize, "_capability", lambda: capability)
+    monkeypatch.setattr(quantize, "_has_te", lambda: te)
+    with pytest.raises(UserError, match=needle):
+        quantize.check_quantization(precision, "sol_rl")
+
+
+def test_real_architectures_quantize_what_sol_rl_quantizes():
+    """The skip lists and min dims of Sol-RL's presets on the real FLUX.1-dev and SD3.5-Large shapes (meta device, no
+    memory): Sol-RL's rule keeps a layer whose largest side is <= min dim, so SD3.5-L's 2432 x 2432 attention
+    projections stay bf16 and only its image feed-forwards are quantized, while FLUX.1-dev quantizes all but its
+    embedders and output norm."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+    from sanarl.tasks.quantize import eligible_linears
+
+    with torch.device("meta"):
+        flux = FluxTransformer2DModel(guidance_embeds=True)  # the defaults are FLUX.1's shapes
+        large = SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, num_layers=38,
+                                      attention_head_dim=64, num_attention_heads=38, joint_attention_dim=4096,
+                                      caption_projection_dim=2432, pooled_projection_dim=2048, out_channels=16,
+                                      pos_embed_max_size=192, qk_norm="rms_norm", dual_attention_layers=())  # fmt: skip
+    linears = {n for n, m in flux.named_modules() if isinstance(m, nn.Linear)}
+    kept = linears - set(eligible_linears(flux, 1000))
+    assert {n.split(".")[0] for n in kept} == {
+        "x_embedder",
+        "context_embedder",
+        "time_text_embed",
+        "norm_out",
+    }
+    assert len(linears) - len(kept) == 495
+    quantized = eligible_linears(large, 2432)
+    assert len(quantized) == 2 * 38
+    assert all(n.endswith((".ff.net.0.proj", ".ff.net.2")) and ".ff_context." not in n for n in quantized)
