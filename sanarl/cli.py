@@ -1,8 +1,8 @@
 """The `sanarl` command line (Typer).
 
-    sanarl --config PRESET.toml PLUGIN [--set key=value ...] [--dry-run] [--debug]    train
-    sanarl validate --config PRESET.toml PLUGIN [--set ...]                            resolve + print the plan
-    sanarl presets                                                                     list shipped presets
+    sanarl --config PRESET PLUGIN [--set key=value ...] [--dry-run] [--debug]         train
+    sanarl validate --config PRESET PLUGIN [--set ...]                                 resolve + print the plan
+    sanarl presets [--copy NAME DIR]                                                   list / copy shipped presets
 
 Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure.
 """
@@ -18,13 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
 from sanarl.errors import UserError
 
 console = Console(stderr=True)
 out = Console()
 
 SUBCOMMANDS = ("validate", "presets", "eval", "bench")
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 ConfigOpt = Annotated[
     str, typer.Option("--config", "-c", help="Preset TOML file (or the name of a shipped preset).")
@@ -32,23 +32,6 @@ ConfigOpt = Annotated[
 PluginArg = Annotated[str, typer.Argument(help="Dataset plugin: dotted module or path/to/plugin.py.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: dotted.key=value (repeatable).")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")]
-
-
-def resolve_preset_path(config: str) -> Path:
-    """A file path, or the name of a shipped preset (`tiny-shapes-sft`)."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    shipped = PRESETS_DIR / f"{config.removesuffix('.toml')}.toml"
-    return shipped if shipped.is_file() else path
-
-
-def preset_summary(path: Path) -> str:
-    """First comment line of a preset (its purpose)."""
-    for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
 
 
 def _guarded(debug: bool, fn, *args) -> None:
@@ -209,14 +192,34 @@ def _check_reward_names(cfg) -> None:
 
 
 @tools.command()
-def presets():
-    """List the shipped presets with their purpose."""
-    table = Table(title=f"presets ({PRESETS_DIR})", title_justify="left")
-    table.add_column("preset")
+def presets(
+    copy: Annotated[
+        tuple[str, Path] | None,
+        typer.Option("--copy", metavar="NAME DIR", help="Copy the shipped preset NAME into DIR to edit it."),
+    ] = None,
+    debug: DebugOpt = False,
+):
+    """List the shipped presets (name, purpose, file); `--copy NAME DIR` copies one out to edit."""
+    _guarded(debug, _presets, copy)
+
+
+def _presets(copy: tuple[str, Path] | None) -> None:
+    from sanarl.config.presets import copy_preset, data_dir
+
+    if copy is not None:
+        target = copy_preset(copy[0], copy[1])
+        out.print(
+            f"copied {copy[0]} -> {target}; run it with `sanarl --config {target} PLUGIN`.", highlight=False
+        )
+        return
+    table = Table(title="shipped presets (`--config NAME`)", title_justify="left")
+    table.add_column("preset", no_wrap=True)
     table.add_column("purpose")
-    for path in sorted(PRESETS_DIR.glob("*.toml")):
-        table.add_row(path.stem, preset_summary(path))
+    table.add_column("file", overflow="fold")
+    for path in shipped_presets():
+        table.add_row(path.stem, preset_summary(path), str(path))
     out.print(table)
+    out.print(f"accelerate configs (`--config_file`): {data_dir('accelerate')}", highlight=False)
 
 
 # --- eval / bench (sanarl/evaluation, sanarl/bench) --------------------------------------------------------------

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = sorted((ROOT / "presets").glob("*.toml"))
+PRESETS = sorted((ROOT / "sanarl" / "presets").glob("*.toml"))
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 BAD = ROOT / "tests" / "data" / "bad_plugins"
-TINY = ROOT / "presets" / "tiny-shapes-sft.toml"
+TINY = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 
 
 def preset_command(path: Path) -> list[str]:
@@ -26,7 +26,7 @@ def preset_command(path: Path) -> list[str]:
 def test_every_shipped_preset_validates(preset, run_cli, monkeypatch):
     monkeypatch.chdir(ROOT)
     args = preset_command(preset)
-    assert args[:2] == ["--config", f"presets/{preset.name}"]
+    assert args[:2] == ["--config", preset.stem]
     code, out, err = run_cli("validate", *args)
     assert code == 0, err
     assert "valid" in out and "sanarl plan" in out
@@ -144,10 +144,10 @@ def test_missing_hub_weights_stop_with_instructions(run_cli, tmp_path):
         run_cli,
         tmp_path,
         "--config",
-        str(ROOT / "presets" / "sana-image-sft.toml"),
+        str(ROOT / "sanarl" / "presets" / "sana-image-sft.toml"),
         "sanarl.datasets.diffusers_dataset",
         "--set",
-        f"train.train_policy.dataset.local_dir={ROOT / 'datasets' / 'examples' / 'sft'}",
+        f"train.train_policy.dataset.local_dir={ROOT / 'sanarl' / 'data' / 'datasets' / 'examples' / 'sft'}",
     )
     assert "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers" in msg and "hf download" in msg
 

@@ -17,7 +17,7 @@ from sanarl.evaluation.scoring import build_rewards, evaluate_rewards, score_ima
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
 from sanarl.evaluation.weights import _add_lora
 
-PRESETS = Path(__file__).resolve().parents[2] / "presets"
+PRESETS = Path(__file__).resolve().parents[2] / "sanarl" / "presets"
 
 
 def _run(tmp_path: Path, preset: str) -> tuple[Path, object]:
