@@ -212,13 +212,14 @@ def _presets(copy: tuple[str, Path] | None) -> None:
             f"copied {copy[0]} -> {target}; run it with `sanarl --config {target} PLUGIN`.", highlight=False
         )
         return
-    table = Table(title="shipped presets (`--config NAME`)", title_justify="left")
-    table.add_column("preset", no_wrap=True)
-    table.add_column("purpose")
-    table.add_column("file", overflow="fold")
+    table = Table(
+        title="shipped presets (`--config NAME`)", title_justify="left", box=None, padding=(0, 2, 1, 0)
+    )
+    table.add_column("preset", no_wrap=True, style="bold")
+    table.add_column("purpose / file", overflow="fold")
     for path in shipped_presets():
-        table.add_row(path.stem, preset_summary(path), str(path))
-    out.print(table)
+        table.add_row(path.stem, f"{preset_summary(path)}\n[dim]{path}[/]")
+    out.print(table, highlight=False)
     out.print(f"accelerate configs (`--config_file`): {data_dir('accelerate')}", highlight=False)
 
 
@@ -234,12 +235,66 @@ def _register_eval_and_bench() -> None:
 _register_eval_and_bench()
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def _first_line(doc: str | None) -> str:
+    """The first sentence of a docstring's first paragraph."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    head, dot, _ = paragraph.partition(". ")
+    return head + "." if dot else paragraph
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """(command, one line) for every command: training, each tools command and group, the reward service."""
+    rows = [("[train] --config PRESET PLUGIN", _first_line(train.__doc__))]
+    for cmd in tools.registered_commands:
+        rows.append((cmd.name or cmd.callback.__name__, _first_line(cmd.help or cmd.callback.__doc__)))
+    for group in tools.registered_groups:
+        for cmd in group.typer_instance.registered_commands:
+            name = cmd.name or cmd.callback.__name__
+            rows.append((f"{group.name} {name}", _first_line(cmd.help or cmd.callback.__doc__)))
+    rows.append(
+        ("sanarl-reward --help", "The async reward service (FastAPI + Redis workers), its own command.")
+    )
+    return rows
+
+
+def overview() -> str:
+    """`sanarl --help`: usage and every command, one line each."""
+    rows = command_lines()
+    width = max(len(name) for name, _ in rows)
+    lines = [
+        "Usage: sanarl --config PRESET PLUGIN [--set key=value ...] [--dry-run] [--debug]",
+        "       sanarl COMMAND [ARGS]...        (`sanarl COMMAND --help` for a command's options)",
+        "",
+        "Post-train text-to-image and text-to-video diffusion models (SFT, LoRA-SFT, DiffusionNFT, Flow-GRPO, SOAR).",
+        "PRESET: a shipped preset's name (`sanarl presets`) or a TOML path; PLUGIN: a dataset plugin module or file.",
+        "",
+        "Commands:",
+        *(
+            f"  sanarl {name:<{width}}  {line}"
+            if not name.startswith("sanarl-")
+            else f"  {name:<{width + 7}}  {line}"
+            for name, line in rows
+        ),
+        "",
+        "Example: sanarl --config tiny-shapes-sft sanarl.datasets.shapes   (the embedded CPU default)",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: subcommands go to the tools app, anything else is a training run."""
+    """Entry point: subcommands go to the tools app, anything else (or `train ...`) is a training run."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in SUBCOMMANDS:
+    if not args or args[0] in HELP_FLAGS:
+        print(overview())
+        return
+    if args[0] in SUBCOMMANDS:
         tools(args, prog_name="sanarl", standalone_mode=True)
         return
+    if args[0] == "train":
+        args = args[1:]
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(help=train.__doc__)(train)
     app(args, prog_name="sanarl", standalone_mode=True)

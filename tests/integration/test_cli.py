@@ -39,6 +39,38 @@ def test_presets_lists_each_preset_with_its_purpose(run_cli):
         assert preset.stem in out
 
 
+def test_presets_shows_each_file_and_copies_one_out(run_cli, tmp_path):
+    code, out, _ = run_cli("presets")
+    assert code == 0 and "accelerate configs" in out
+    flat = "".join(out.split())  # rich folds long paths over lines
+    for preset in PRESETS:
+        assert "".join(str(preset).split()) in flat
+    code, out, _ = run_cli("presets", "--copy", "tiny-shapes-nft", tmp_path)
+    assert code == 0 and (tmp_path / "tiny-shapes-nft.toml").is_file()
+    code, _, err = run_cli("presets", "--copy", "tiny-shapes-nft", tmp_path)
+    assert code == 2 and "already exists" in err
+
+
+@pytest.mark.parametrize("flags", [["--help"], ["-h"], []])
+def test_help_lists_every_command_one_line_each(run_cli, flags):
+    from sanarl.cli import SUBCOMMANDS, tools
+
+    code, out, _ = run_cli(*flags)
+    assert code == 0
+    commands = [line.strip() for line in out.split("Commands:\n")[1].split("\n\n")[0].splitlines()]
+    names = [line.split("  ")[0] for line in commands]
+    expected = ["sanarl [train] --config PRESET PLUGIN", "sanarl validate", "sanarl presets", "sanarl eval"]
+    assert names[:4] == expected and "sanarl bench shapes" in names and names[-1] == "sanarl-reward --help"
+    assert len(names) == len(tools.registered_commands) + 3  # + train, bench shapes, sanarl-reward
+    assert set(SUBCOMMANDS) <= {name.split()[1] for name in names[:-1]}
+    assert all(len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip() for line in commands)
+
+
+def test_train_is_also_an_explicit_command(run_cli):
+    code, out, _ = run_cli("train", "--help")
+    assert code == 0 and "--config" in out and "--dry-run" in out
+
+
 def bad(run_cli, tmp_path, *args: str, traceback_ok: bool = False) -> str:
     out_dir = tmp_path / "run"
     code, out, err = run_cli(*args, "--set", f"train.output_dir={out_dir}")
