@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
@@ -41,7 +42,9 @@ def _guarded(debug: bool, fn, *args) -> None:
     except UserError as err:
         if debug:
             traceback.print_exc()
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(
+            f"[bold red]error:[/] {escape(str(err))}", highlight=False
+        )  # brackets are text, not markup
         raise SystemExit(err.exit_code) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
@@ -145,6 +148,7 @@ def planned_world_size(path: Path) -> int:
 def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None) -> None:
     from sanarl.config import check_plugin, load_config, resolve_plugin
     from sanarl.models.loading import TINY_PREFIX, local_weights
+    from sanarl.rewards.preflight import check_reward_prompts
     from sanarl.tasks import task_class
 
     path = resolve_preset_path(config)
@@ -156,6 +160,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     cls = task_class(cfg)
     _check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
+    check_reward_prompts(cfg, plugin)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size), loaded.ignored, cfg.train.output_dir)
     for note in loaded.notes:
         out.print(f"[yellow]note:[/] {note}", highlight=False)

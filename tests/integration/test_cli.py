@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "sanarl" / "presets").glob("*.toml"))
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 BAD = ROOT / "tests" / "data" / "bad_plugins"
+EXAMPLE_PLUGIN = ROOT / "examples" / "plugins" / "my_prompts.py"
 TINY = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 
 
@@ -69,6 +70,34 @@ def test_help_lists_every_command_one_line_each(run_cli, flags):
 def test_train_is_also_an_explicit_command(run_cli):
     code, out, _ = run_cli("train", "--help")
     assert code == 0 and "--config" in out and "--dry-run" in out
+
+
+def test_prompts_outside_the_shapes_grammar_stop_before_any_model_loads(run_cli, tmp_path, monkeypatch):
+    import sanarl.models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the prompts were checked")
+
+    monkeypatch.setattr(sanarl.models, "load_adapter", no_model)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red circle\na cat on a sofa\n")
+    args = (
+        "--config",
+        "tiny-shapes-nft",
+        str(EXAMPLE_PLUGIN),
+        "--set",
+        f"train.train_policy.dataset.local_dir={prompts}",
+    )
+    for command in (("validate",), ()):
+        code, _, err = run_cli(*command, *args, "--set", f"train.output_dir={tmp_path / 'run'}")
+        msg = " ".join(err.split())
+        assert code == 2, err
+        assert "training data, item 1: reward 'shapes': prompt 'a cat on a sofa'" in msg, msg
+        assert "shapes grammar: '[a|one|two|three|four] [colour] shape[s]'" in msg
+    assert not (tmp_path / "run").exists()
+    prompts.write_text("a red circle\ntwo blue squares\n")
+    code, out, err = run_cli("validate", *args)
+    assert code == 0 and "valid" in out, err
 
 
 def bad(run_cli, tmp_path, *args: str, traceback_ok: bool = False) -> str:
