@@ -9,7 +9,9 @@ Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 inte
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Annotated
@@ -290,8 +292,35 @@ def overview() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: subcommands go to the tools app, anything else (or `train ...`) is a training run."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Entry point: subcommands go to the tools app, anything else (or `train ...`) is a training run. Called as
+    the `sanarl` program (no argv), a failure's exit code is kept even when a thread outlives it."""
+    if argv is not None:
+        _dispatch(list(argv))
+        return
+    try:
+        _dispatch(sys.argv[1:])
+    except SystemExit as exc:
+        _exit_past_lingering_threads(exc.code)
+        raise
+    except Exception:  # an internal failure: its traceback, exit code 1
+        traceback.print_exc()
+        _exit_past_lingering_threads(1)
+        raise SystemExit(1) from None
+
+
+def _exit_past_lingering_threads(code: object) -> None:
+    """After a failure, a daemon thread still running native code (a hung reward, a library's worker) would abort
+    the interpreter's finalization ("terminate called without an active exception", exit 134): flush the streams
+    and exit with the failure's code without finalizing. Clean exits (code 0) finalize normally."""
+    if code in (None, 0) or not isinstance(code, int):
+        return
+    if any(t.daemon and t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _dispatch(args: list[str]) -> None:
     if not args or args[0] in HELP_FLAGS:
         print(overview())
         return
