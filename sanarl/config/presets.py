@@ -12,6 +12,7 @@ of its own file. `train.output_dir` and `train.resume` stay relative to the curr
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from importlib.resources import files
 from pathlib import Path
@@ -100,22 +101,17 @@ def copy_preset(name: str, directory: Path) -> Path:
     return target
 
 
+_LOCAL_DIR_LINE = re.compile(r'^(\s*local_dir\s*=\s*)"([^"]+)"')
+
+
 def _absolutize_copy(target: Path) -> None:
-    """Rewrite `local_dir = "<relative>"` lines of a copied shipped preset to the package's absolute paths."""
+    """Rewrite the relative `local_dir = "..."` lines of a copied shipped preset to the package's absolute paths
+    (the line's comment about the package goes with it)."""
     lines = []
     for line in target.read_text().splitlines(keepends=True):
-        key, sep, value = line.partition("=")
-        text = value.strip()
-        if (
-            sep
-            and key.strip() == "local_dir"
-            and text.startswith('"')
-            and text.endswith('"')
-            and len(text) > 2
-        ):
-            relative = text[1:-1]
-            if not Path(relative).is_absolute():
-                line = f'{key}= "{(data_dir() / relative).as_posix()}"\n'
+        match = _LOCAL_DIR_LINE.match(line)
+        if match and not Path(match.group(2)).is_absolute():
+            line = f'{match.group(1)}"{(data_dir() / match.group(2)).as_posix()}"\n'
         lines.append(line)
     target.write_text("".join(lines))
 

@@ -101,3 +101,14 @@ def test_copy_writes_an_editable_preset_that_loads_the_same(tmp_path):
         copy_preset("sana-image-sft", tmp_path / "mine")
     with pytest.raises(ConfigError, match="not a shipped preset.*tiny-shapes-sft"):
         copy_preset("nope", tmp_path)
+
+
+def test_the_reward_service_config_ships_and_resolves_by_name(tmp_path, monkeypatch):
+    from reward_service.config import load_service_config, shipped_config
+
+    monkeypatch.chdir(tmp_path)
+    shipped = shipped_config("rewards")
+    assert shipped == ROOT / "reward_service" / "configs" / "rewards.toml"
+    assert load_service_config("rewards").source == str(shipped)
+    with pytest.raises(ConfigError, match="sanarl-reward --config rewards"):
+        load_service_config("no-such.toml")
