@@ -27,7 +27,8 @@ case "$where" in
 esac
 case "$where" in "$repo"/*) echo "imported sanarl from the checkout" >&2; exit 1 ;; esac
 
-"$sanarl" --help | grep -q "sanarl presets"
+help="$("$sanarl" --help)"
+grep -q "sanarl presets" <<<"$help" || { echo "sanarl --help does not list sanarl presets" >&2; exit 1; }
 listing="$("$sanarl" presets)"
 for preset in "$repo"/sanarl/presets/*.toml; do
     name="$(basename "$preset" .toml)"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from sanarl.config.presets import anchor_paths, resolve_preset_path
+from sanarl.config.presets import anchor_dir, anchor_paths, resolve_preset_path
 from sanarl.config.schema import ALIASES, IGNORED_KEYS, Config
 from sanarl.errors import ConfigError
 
@@ -95,9 +95,11 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
     data = _parse_toml(text, where)
     ctx = _Ctx(where=where, ignored=[], notes=[])
     cfg = _build(Config, data, "", ctx)
-    if isinstance(source, Path):  # relative input paths of a preset file (not of --set values): presets.py
-        cfg = anchor_paths(cfg, source)
+    if isinstance(source, Path):  # relative input paths: the preset's against its file (presets.py)
+        cfg = anchor_paths(cfg, anchor_dir(source))
     cfg = apply_overrides(cfg, overrides, ignored=ctx.ignored, notes=ctx.notes)
+    if isinstance(source, Path):  # ... and --set values against the current directory
+        cfg = anchor_paths(cfg, Path.cwd())
     ctx.notes.extend(check_config(cfg))
     resolved = Path(source).expanduser().resolve() if isinstance(source, Path) else Path(source)
     return LoadedConfig(config=cfg, ignored=_unique(ctx.ignored), notes=_unique(ctx.notes), source=resolved)

@@ -6,7 +6,8 @@
 
 Relative input paths in a preset (`*.dataset.local_dir`, a local `policy.model_name_or_path` starting with `.`)
 are anchored when it is loaded: a shipped preset's against `sanarl/data/`, any other preset's against the folder
-of its own file. `train.output_dir` and `train.resume` stay relative to the current directory (run outputs).
+of its own file, `--set` values against the current directory; a run's config.toml so holds absolute input paths
+and reruns from anywhere. `train.output_dir` and `train.resume` stay relative to the current directory (outputs).
 """
 
 from __future__ import annotations
@@ -129,9 +130,8 @@ def _anchored(value: str, base: Path) -> str:
     return str(base / value)
 
 
-def anchor_paths(cfg, source: Path):
-    """`cfg` with its relative input paths (see the module docstring) anchored for the preset file `source`."""
-    base = anchor_dir(source)
+def anchor_paths(cfg, base: Path):
+    """`cfg` with its relative input paths (see the module docstring) made absolute against `base`."""
     tp = cfg.train.train_policy
     train_ds = dataclasses.replace(tp.dataset, local_dir=_anchored(tp.dataset.local_dir, base))
     val_ds = dataclasses.replace(

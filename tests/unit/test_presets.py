@@ -81,9 +81,9 @@ def test_a_user_preset_reads_relative_paths_against_its_own_folder(tmp_path, mon
     assert cfg.policy.model_name_or_path == str(folder / "./my-model")
     assert cfg.validation.dataset.local_dir == "/abs/val"
     assert cfg.train.output_dir == "./outputs/run"  # run outputs stay relative to the current directory
-    # a --set value is the user's typing: relative to the current directory, as typed
+    # a --set value is the user's typing: relative to the current directory
     cfg = load_config(preset, ["train.train_policy.dataset.local_dir=here"]).config
-    assert cfg.train.train_policy.dataset.local_dir == "here"
+    assert cfg.train.train_policy.dataset.local_dir == str(tmp_path / "here")
 
 
 def test_a_hub_id_is_never_anchored(tmp_path):
