@@ -1,6 +1,7 @@
 """Every command in README.md and docs/*.md is run, or listed below with the reason it cannot run here, so the docs
 cannot drift from the code. Commands are read from the fenced blocks (continuation lines joined, `&&` chains
-split, `# comments` and the aligned descriptions of synopsis blocks dropped), so a new doc is covered on its own;
+split, `# comments` and the aligned descriptions of synopsis blocks dropped) and from inline `sanarl --config
+PRESET PLUGIN` spans (the preset tables), so a new doc is covered on its own;
 a command that fits no rule and no entry of NOT_RUN fails `test_every_documented_command_has_a_plan`.
 
 How each kind runs (in a scratch folder that links the checkout's files, as a user at the repo root would):
@@ -79,17 +80,27 @@ def _is_command(line: str) -> bool:
     return first in PROGRAMS or re.match(r"^[A-Z_]+=\$\(", first) is not None
 
 
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
+INLINE_RUN = re.compile(r"`(sanarl (?:validate )?--config [\w.\-/]+ [\w.\-/]+(?: --set [^`\s]+)*)`")
+"""Inline training / validate commands (tables of presets in the docs); prose mentions such as `sanarl eval` are
+names, not commands."""
+
+
 def extract(path: Path) -> list[DocCommand]:
-    """The commands of the fenced shell blocks of a markdown file, in order."""
+    """The commands of the fenced shell blocks of a markdown file, then its inline training commands."""
     text = path.read_text()
     commands = []
-    for match in re.finditer(r"^```([^\n]*)\n(.*?)^```", text, re.M | re.S):
+    for match in FENCE.finditer(text):
         if match.group(1).strip() not in SHELL_BLOCKS:
             continue
         line_no = text[: match.start()].count("\n") + 2
         for line in _lines(match.group(2)):
             if _is_command(line):
                 commands.append(DocCommand(f"{path.relative_to(ROOT)}:{line_no}", line))
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    for match in INLINE_RUN.finditer(prose):
+        line_no = prose[: match.start()].count("\n") + 1
+        commands.append(DocCommand(f"{path.relative_to(ROOT)}:{line_no}", match.group(1)))
     return commands
 
 
