@@ -308,13 +308,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
+WORKER_THREAD_PREFIX = "sanarl-"
+"""Name prefix of sanarl's own worker threads (the reward pool's `sanarl-reward-<i>`), which run native code."""
+
+
 def _exit_past_lingering_threads(code: object) -> None:
-    """After a failure, a daemon thread still running native code (a hung reward, a library's worker) would abort
-    the interpreter's finalization ("terminate called without an active exception", exit 134): flush the streams
-    and exit with the failure's code without finalizing. Clean exits (code 0) finalize normally."""
+    """After a failure, a sanarl worker thread still inside native code (a reward hung past its deadline) would
+    abort the interpreter's finalization ("terminate called without an active exception", exit 134): flush the
+    streams and exit with the failure's code without finalizing. Clean exits (code 0), and failures that leave no
+    such thread, finalize normally (other libraries' daemon threads, e.g. TensorBoard's writer, flush at exit)."""
     if code in (None, 0) or not isinstance(code, int):
         return
-    if any(t.daemon and t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+    threads = threading.enumerate()
+    if any(t.daemon and t.is_alive() and t.name.startswith(WORKER_THREAD_PREFIX) for t in threads):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
