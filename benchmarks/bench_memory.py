@@ -1,6 +1,6 @@
 """Peak resident memory of the embedded-default run (tiny shapes SFT) for N steps, in a child process.
 
-Runs `sanarl --config presets/tiny-shapes-sft.toml sanarl.datasets.shapes --set train.max_num_steps=N
+Runs `sanarl --config tiny-shapes-sft sanarl.datasets.shapes --set train.max_num_steps=N
 --set train.output_dir=<tmp> --set validation.enable=false` as a subprocess and reports:
 
 - its peak RSS from the kernel (`os.wait4` -> `ru_maxrss`, KiB on Linux): the number to quote;
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET = ROOT / "presets" / "tiny-shapes-sft.toml"
+PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 IMPORTS_ONLY = (
     "import sanarl.cli, sanarl.api, sanarl.tasks.runner, torch, diffusers, transformers, accelerate"
 )

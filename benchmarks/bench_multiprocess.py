@@ -40,7 +40,9 @@ def worker(out: Path, steps: int, batch: int) -> None:
         "train.ckpt.enable_checkpoint=false",
         "train.ckpt.export_safetensors=false",
     ]
-    api.train(load_config(ROOT / "presets" / "tiny-shapes-sft.toml", overrides), "sanarl.datasets.shapes")
+    api.train(
+        load_config(ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml", overrides), "sanarl.datasets.shapes"
+    )
 
 
 def run(processes: int, steps: int, batch: int, threads: int, out: Path) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from sanarl.rewards.registry import register
 from sanarl.tasks.rollout import group_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET = ROOT / "presets" / "tiny-shapes-nft.toml"
+PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-nft.toml"
 
 
 @register("bench_slow_shapes")

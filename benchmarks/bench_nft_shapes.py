@@ -1,6 +1,6 @@
 """Does DiffusionNFT raise the shapes reward? Held-out reward of the tiny base before and after N iterations.
 
-Runs `presets/tiny-shapes-nft.toml` (or `--preset`) for `--steps` iterations, then scores the base and the trained
+Runs `sanarl/presets/tiny-shapes-nft.toml` (or `--preset`) for `--steps` iterations, then scores the base and the trained
 model (EMA weights, as exported) on the same held-out prompts and seeds, CFG-free like the rollouts, and prints
 partial / strict judge scores, their standard errors and the wall time the training took.
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default=str(ROOT / "presets" / "tiny-shapes-nft.toml"))
+    parser.add_argument("--preset", default=str(ROOT / "sanarl" / "presets" / "tiny-shapes-nft.toml"))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval", type=int, default=256)
     parser.add_argument("--set", action="append", default=[], help="extra preset override (repeatable)")

@@ -1,6 +1,6 @@
 """One SFT optimizer step through sanarl's Runner vs a bare PyTorch loop on the same model and batch.
 
-- runner: `Runner.train_step(0)` on the task `sanarl.api.train` builds from `presets/tiny-shapes-sft.toml`
+- runner: `Runner.train_step(0)` on the task `sanarl.api.train` builds from `sanarl/presets/tiny-shapes-sft.toml`
   (shapes model, batch 64 in one micro-batch): data (render + collate + noise draw), prompt and image encoding,
   forward, loss, backward, grad clipping, AdamW, LR schedule, EMA, metrics. Step 0 every time, so every call sees
   the same batch.
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET = ROOT / "presets" / "tiny-shapes-sft.toml"
+PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 PLUGIN = "sanarl.datasets.shapes"
 BATCH = 64
 

@@ -1,4 +1,5 @@
-"""`sanarl-reward --config reward_service/configs/rewards.toml`: the asynchronous reward service.
+"""`sanarl-reward --config rewards` (the shipped reward_service/configs/rewards.toml, or a path): the asynchronous
+reward service.
 
 Starts (in order) the Redis it uses (the external `redis_url`, checked, or an embedded redis-server), the worker
 processes, and the HTTP API under uvicorn; SIGINT / SIGTERM stop all of it. Bad input (config, reward names or
@@ -33,7 +34,9 @@ def _on_signal(signum: int, frame: object) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sanarl-reward", description="The sanarl reward service.")
     parser.add_argument(
-        "--config", required=True, help="rewards.toml (see reward_service/configs/rewards.toml)"
+        "--config",
+        required=True,
+        help="a rewards.toml path, or `rewards` for the shipped reward_service/configs/rewards.toml",
     )
     parser.add_argument("--host", help="override `host`")
     parser.add_argument("--port", type=int, help="override `port`")

@@ -1,9 +1,10 @@
-"""The reward service's configuration: `reward_service/configs/rewards.toml`, one dataclass per table.
+"""The reward service's configuration: a rewards.toml (the shipped one is package data,
+`reward_service/configs/rewards.toml`, named `--config rewards`), one dataclass per table.
 
 Key names follow Cosmos-RL's reward service (`host`, `port`, `[[reward_args]]` with `reward_type`, `enable`,
 `model_path`, `dtype`) so its users recognise them; sanarl adds the limits, the worker pool and the embedded
 Redis. Unknown keys are errors with a did-you-mean; every error is a `ConfigError` (exit code 2) naming the key
-and the file. Loading imports neither torch nor any reward: `check_rewards` (in `rewards_check.py`) does that.
+and the file. Loading imports neither torch nor any reward: `build_rewards` (in `rewards_setup.py`) does that.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -203,15 +205,23 @@ class ServiceConfig:
         return token
 
 
+def shipped_config(name: str) -> Path:
+    """The shipped config `reward_service/configs/<name>.toml` (package data)."""
+    return Path(str(files("reward_service").joinpath("configs", f"{name.removesuffix('.toml')}.toml")))
+
+
 def load_service_config(path: str | Path) -> ServiceConfig:
-    """Read and check a rewards.toml; raises ConfigError naming the file and key."""
+    """Read and check a rewards.toml (a path, or the name of a shipped config: `rewards`); raises ConfigError
+    naming the file and key."""
     path = Path(path)
+    if not path.is_file() and path.parent == Path(".") and shipped_config(path.name).is_file():
+        path = shipped_config(path.name)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(
             f"cannot read the reward service config {str(path)!r} ({exc.strerror}); pass an existing file, e.g. "
-            "`sanarl-reward --config reward_service/configs/rewards.toml`."
+            f"`sanarl-reward --config rewards` (the shipped {shipped_config('rewards')})."
         ) from None
     return loads_service_config(text, source=str(path))
 

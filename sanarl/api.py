@@ -52,6 +52,7 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     import torch
 
     from sanarl.models import load_adapter
+    from sanarl.rewards.preflight import check_reward_prompts
     from sanarl.tasks import task_class
     from sanarl.tasks.runner import MIXED_PRECISION, Runner, check_writable, prepare_run_dir
 
@@ -60,6 +61,7 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     plugin = resolve_plugin(plugin_spec)
     check_plugin(plugin)
     cls = task_class(cfg)
+    check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
     acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
     run_dir = check_writable(cfg.train.output_dir)
     torch.manual_seed(cfg.train.seed)

@@ -1,30 +1,33 @@
 """The `sanarl` command line (Typer).
 
-    sanarl --config PRESET.toml PLUGIN [--set key=value ...] [--dry-run] [--debug]    train
-    sanarl validate --config PRESET.toml PLUGIN [--set ...]                            resolve + print the plan
-    sanarl presets                                                                     list shipped presets
+    sanarl --config PRESET PLUGIN [--set key=value ...] [--dry-run] [--debug]         train
+    sanarl validate --config PRESET PLUGIN [--set ...]                                 resolve + print the plan
+    sanarl presets [--copy NAME DIR]                                                   list / copy shipped presets
 
 Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
 from sanarl.errors import UserError
 
 console = Console(stderr=True)
 out = Console()
 
 SUBCOMMANDS = ("validate", "presets", "eval", "bench")
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 ConfigOpt = Annotated[
     str, typer.Option("--config", "-c", help="Preset TOML file (or the name of a shipped preset).")
@@ -34,23 +37,6 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: dotte
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")]
 
 
-def resolve_preset_path(config: str) -> Path:
-    """A file path, or the name of a shipped preset (`tiny-shapes-sft`)."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    shipped = PRESETS_DIR / f"{config.removesuffix('.toml')}.toml"
-    return shipped if shipped.is_file() else path
-
-
-def preset_summary(path: Path) -> str:
-    """First comment line of a preset (its purpose)."""
-    for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
-
-
 def _guarded(debug: bool, fn, *args) -> None:
     """Run fn; bad input -> message + exit 2, other failures -> traceback + exit 1."""
     try:
@@ -58,7 +44,9 @@ def _guarded(debug: bool, fn, *args) -> None:
     except UserError as err:
         if debug:
             traceback.print_exc()
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(
+            f"[bold red]error:[/] {escape(str(err))}", highlight=False
+        )  # brackets are text, not markup
         raise SystemExit(err.exit_code) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
@@ -168,6 +156,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     from sanarl.config import check_plugin, load_config, resolve_plugin
     from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.models.loading import TINY_PREFIX, local_weights
+    from sanarl.rewards.preflight import check_reward_prompts
     from sanarl.tasks import task_class
 
     path = resolve_preset_path(config)
@@ -179,6 +168,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     cls = task_class(cfg)
     reward_report = _check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
+    check_reward_prompts(cfg, plugin)
     val_rows = _validation_rows(cfg, plugin)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size) + val_rows, [], cfg.train.output_dir)
     for line in [*reward_report, *report(loaded.cosmos), *_default_report(loaded)]:
@@ -270,14 +260,35 @@ def _remote_env_set() -> bool:
 
 
 @tools.command()
-def presets():
-    """List the shipped presets with their purpose."""
-    table = Table(title=f"presets ({PRESETS_DIR})", title_justify="left")
-    table.add_column("preset")
-    table.add_column("purpose")
-    for path in sorted(PRESETS_DIR.glob("*.toml")):
-        table.add_row(path.stem, preset_summary(path))
-    out.print(table)
+def presets(
+    copy: Annotated[
+        tuple[str, Path] | None,
+        typer.Option("--copy", metavar="NAME DIR", help="Copy the shipped preset NAME into DIR to edit it."),
+    ] = None,
+    debug: DebugOpt = False,
+):
+    """List the shipped presets (name, purpose, file); `--copy NAME DIR` copies one out to edit."""
+    _guarded(debug, _presets, copy)
+
+
+def _presets(copy: tuple[str, Path] | None) -> None:
+    from sanarl.config.presets import copy_preset, data_dir
+
+    if copy is not None:
+        target = copy_preset(copy[0], copy[1])
+        out.print(
+            f"copied {copy[0]} -> {target}; run it with `sanarl --config {target} PLUGIN`.", highlight=False
+        )
+        return
+    table = Table(
+        title="shipped presets (`--config NAME`)", title_justify="left", box=None, padding=(0, 2, 1, 0)
+    )
+    table.add_column("preset", no_wrap=True, style="bold")
+    table.add_column("purpose / file", overflow="fold")
+    for path in shipped_presets():
+        table.add_row(path.stem, f"{preset_summary(path)}\n[dim]{path}[/]")
+    out.print(table, highlight=False)
+    out.print(f"accelerate configs (`--config_file`): {data_dir('accelerate')}", highlight=False)
 
 
 # --- eval / bench (sanarl/evaluation, sanarl/bench) --------------------------------------------------------------
@@ -292,12 +303,99 @@ def _register_eval_and_bench() -> None:
 _register_eval_and_bench()
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def _first_line(doc: str | None) -> str:
+    """The first sentence of a docstring's first paragraph."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    head, dot, _ = paragraph.partition(". ")
+    return head + "." if dot else paragraph
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """(command, one line) for every command: training, each tools command and group, the reward service."""
+    rows = [("[train] --config PRESET PLUGIN", _first_line(train.__doc__))]
+    for cmd in tools.registered_commands:
+        rows.append((cmd.name or cmd.callback.__name__, _first_line(cmd.help or cmd.callback.__doc__)))
+    for group in tools.registered_groups:
+        for cmd in group.typer_instance.registered_commands:
+            name = cmd.name or cmd.callback.__name__
+            rows.append((f"{group.name} {name}", _first_line(cmd.help or cmd.callback.__doc__)))
+    rows.append(
+        ("sanarl-reward --help", "The async reward service (FastAPI + Redis workers), its own command.")
+    )
+    return rows
+
+
+def overview() -> str:
+    """`sanarl --help`: usage and every command, one line each."""
+    rows = command_lines()
+    width = max(len(name) for name, _ in rows)
+    lines = [
+        "Usage: sanarl --config PRESET PLUGIN [--set key=value ...] [--dry-run] [--debug]",
+        "       sanarl COMMAND [ARGS]...        (`sanarl COMMAND --help` for a command's options)",
+        "",
+        "Post-train text-to-image and text-to-video diffusion models (SFT, LoRA-SFT, DiffusionNFT, Flow-GRPO, SOAR).",
+        "PRESET: a shipped preset's name (`sanarl presets`) or a TOML path; PLUGIN: a dataset plugin module or file.",
+        "",
+        "Commands:",
+        *(
+            f"  sanarl {name:<{width}}  {line}"
+            if not name.startswith("sanarl-")
+            else f"  {name:<{width + 7}}  {line}"
+            for name, line in rows
+        ),
+        "",
+        "Example: sanarl --config tiny-shapes-sft sanarl.datasets.shapes   (the embedded CPU default)",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: subcommands go to the tools app, anything else is a training run."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in SUBCOMMANDS:
+    """Entry point: subcommands go to the tools app, anything else (or `train ...`) is a training run. Called as
+    the `sanarl` program (no argv), a failure's exit code is kept even when a thread outlives it."""
+    if argv is not None:
+        _dispatch(list(argv))
+        return
+    try:
+        _dispatch(sys.argv[1:])
+    except SystemExit as exc:
+        _exit_past_lingering_threads(exc.code)
+        raise
+    except Exception:  # an internal failure: its traceback, exit code 1
+        traceback.print_exc()
+        _exit_past_lingering_threads(1)
+        raise SystemExit(1) from None
+
+
+WORKER_THREAD_PREFIX = "sanarl-"
+"""Name prefix of sanarl's own worker threads (the reward pool's `sanarl-reward-<i>`), which run native code."""
+
+
+def _exit_past_lingering_threads(code: object) -> None:
+    """After a failure, a sanarl worker thread still inside native code (a reward hung past its deadline) would
+    abort the interpreter's finalization ("terminate called without an active exception", exit 134): flush the
+    streams and exit with the failure's code without finalizing. Clean exits (code 0), and failures that leave no
+    such thread, finalize normally (other libraries' daemon threads, e.g. TensorBoard's writer, flush at exit)."""
+    if code in (None, 0) or not isinstance(code, int):
+        return
+    threads = threading.enumerate()
+    if any(t.daemon and t.is_alive() and t.name.startswith(WORKER_THREAD_PREFIX) for t in threads):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _dispatch(args: list[str]) -> None:
+    if not args or args[0] in HELP_FLAGS:
+        print(overview())
+        return
+    if args[0] in SUBCOMMANDS:
         tools(args, prog_name="sanarl", standalone_mode=True)
         return
+    if args[0] == "train":
+        args = args[1:]
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(help=train.__doc__)(train)
     app(args, prog_name="sanarl", standalone_mode=True)

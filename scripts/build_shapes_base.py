@@ -1,8 +1,8 @@
-"""Build a shipped tiny base model: `sanarl-tiny:shapes-base` (models/tiny-shapes-base/, the default) or
-`sanarl-tiny:video-base` (models/tiny-video-base/).
+"""Build a shipped tiny base model: `sanarl-tiny:shapes-base` (sanarl/data/models/tiny-shapes-base/, the default) or
+`sanarl-tiny:video-base` (sanarl/data/models/tiny-video-base/).
 
 A thin wrapper over `sanarl.bench.base_model` (the recipes live there; `sanarl bench shapes --rebuild-base` runs
-the shapes recipe into the bench's output directory instead of models/).
+the shapes recipe into the bench's output directory instead of sanarl/data/models/).
 
     python scripts/build_shapes_base.py --steps 2250                      # train, then export
     python scripts/build_shapes_base.py --model video-base                # the moving-shapes video base
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="default: the recipe's (3675 / 2000)")
     parser.add_argument("--from-run", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=None, help="default: outputs/<model>-run")
-    parser.add_argument("--target", type=Path, default=None, help="default: models/tiny-<model>")
+    parser.add_argument("--target", type=Path, default=None, help="default: sanarl/data/models/tiny-<model>")
     args = parser.parse_args()
     recipe = RECIPES[args.model]
     run_dir = args.from_run or train_base(

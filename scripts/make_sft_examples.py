@@ -1,4 +1,4 @@
-"""Write the example SFT folder `datasets/examples/sft/` from the shapes-world renderer.
+"""Write the example SFT folder `sanarl/data/datasets/examples/sft/` from the shapes-world renderer.
 
 Usage: `python scripts/make_sft_examples.py [--out DIR] [--size 64] [--seed 0] [--per-tag 2]`.
 
@@ -48,7 +48,7 @@ def write_examples(out: Path, size: int, seed: int, per_tag: int) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "datasets/examples/sft"
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "sanarl/data/datasets/examples/sft"
     )
     parser.add_argument("--size", type=int, default=64, help="image side in px (multiple of 16, >= 32)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shapes item stream")

@@ -1,4 +1,4 @@
-"""Write the example SOAR dataset `datasets/examples/soar/` (JSONL + JPEG images in two buckets), procedurally.
+"""Write the example SOAR dataset `sanarl/data/datasets/examples/soar/` (JSONL + JPEG images in two buckets), procedurally.
 
 Usage: `python scripts/make_soar_examples.py [--out DIR]`.
 
@@ -101,7 +101,7 @@ def write_examples(out: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "datasets/examples/soar"
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "sanarl/data/datasets/examples/soar"
     )
     args = parser.parse_args()
     for path in write_examples(args.out):

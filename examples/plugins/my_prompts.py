@@ -2,7 +2,7 @@
 
 Run it (the plugin is the positional argument, given here as a path to this file):
 
-    sanarl --config presets/tiny-shapes-nft.toml \
+    sanarl --config tiny-shapes-nft \
         --set train.train_policy.dataset.local_dir=my_prompts.txt \
         examples/plugins/my_prompts.py
 

@@ -1,9 +1,9 @@
-"""The shipped tiny base models (models/): their recipes and export.
+"""The shipped tiny base models (package data, sanarl/data/models/): their recipes and export.
 
-- `sanarl-tiny:shapes-base` (models/tiny-shapes-base/): `presets/tiny-shapes-sft.toml` (tiny pixel-space SANA from
+- `sanarl-tiny:shapes-base` (sanarl/data/models/tiny-shapes-base/): preset `tiny-shapes-sft` (tiny pixel-space SANA from
   scratch on the shapes world), the base of the shapes bench.
-- `sanarl-tiny:video-base` (models/tiny-video-base/): `presets/tiny-video-sft.toml` (tiny pixel-space SANA-Video from
-  scratch on the moving-shapes world), the base of `presets/tiny-video-nft.toml`.
+- `sanarl-tiny:video-base` (sanarl/data/models/tiny-video-base/): preset `tiny-video-sft` (tiny pixel-space SANA-Video from
+  scratch on the moving-shapes world), the base of preset `tiny-video-nft`.
 
 Each is its preset trained for `steps` optimizer steps through `sanarl.api.train`; the EMA weights of the newest
 checkpoint are written as a diffusers pipeline directory, transformer in fp16 (a few MB), everything else as the
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import torch
 
+from sanarl.config.presets import data_dir
 from sanarl.errors import DataError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,7 @@ class BaseRecipe:
     """How a shipped tiny base is made: `preset` trained `steps` steps from the random-init `sanarl-tiny:<init>`."""
 
     name: str
-    """`sanarl-tiny:<name>`; shipped as models/tiny-<name>/."""
+    """`sanarl-tiny:<name>`; shipped as sanarl/data/models/tiny-<name>/."""
     preset: str
     init: str
     steps: int
@@ -42,7 +41,7 @@ class BaseRecipe:
 
     @property
     def target(self) -> Path:
-        return ROOT / "models" / f"tiny-{self.name}"
+        return data_dir("models", f"tiny-{self.name}")
 
 
 SHAPES_BASE = BaseRecipe(
@@ -63,8 +62,8 @@ def train_base(
     """Run `recipe` for `steps` (default: `recipe.steps`) into `run_dir`, resuming a previous run there; returns
     `run_dir`."""
     from sanarl import api
-    from sanarl.cli import resolve_preset_path
     from sanarl.config import load_config
+    from sanarl.config.presets import resolve_preset_path
 
     sets = [
         f"train.output_dir={run_dir}",
@@ -105,7 +104,7 @@ def export_base(run_dir: Path, target: Path | None = None, recipe: BaseRecipe = 
     shutil.rmtree(staging, ignore_errors=True)
     pipe.save_pretrained(str(staging))
     provenance = {
-        "preset": f"presets/{recipe.preset}.toml",
+        "preset": recipe.preset,
         "steps": meta["step"],
         "weights": "EMA" if "ema" in tensors else "model",
     }

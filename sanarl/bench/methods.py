@@ -21,7 +21,7 @@ METHODS: dict[str, str] = {
     "soar": "tiny-shapes-soar",
     "sft-more": "tiny-shapes-sft-more",
 }
-"""Bench method name -> shipped preset (presets/<name>.toml)."""
+"""Bench method name -> shipped preset (sanarl/presets/<name>.toml)."""
 
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("soar", "sft-more", "SOAR vs SFT-more at equal compute"),

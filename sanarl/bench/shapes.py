@@ -131,8 +131,8 @@ def run_method(
     """Train one (method, seed) within the budget and evaluate it; `done.json` holds the record."""
     from sanarl import api
     from sanarl.bench.methods import METHODS, rollout_cost
-    from sanarl.cli import resolve_preset_path
     from sanarl.config import load_config
+    from sanarl.config.presets import resolve_preset_path
     from sanarl.core.tracking import read_metrics
 
     run_dir = opts.output / method / f"seed{seed}"

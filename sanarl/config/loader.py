@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sanarl.config import cosmos_rl
+from sanarl.config.presets import anchor_dir, anchor_paths, resolve_preset_path
 from sanarl.config.schema import ALIASES, IGNORED_KEYS, Config
 from sanarl.errors import ConfigError
 
@@ -72,17 +73,17 @@ class _Ctx:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> LoadedConfig:
-    """Read the TOML preset at `path`, apply `overrides` ("dotted.key=value"), check, and return the result.
+    """Read the TOML preset at `path` (or the shipped preset of that name), apply `overrides` ("dotted.key=value"), check, and return the result.
 
     Raises `ConfigError` for a missing/unreadable file, malformed TOML (with line and column), unknown keys, wrong
     types, malformed overrides and inconsistent values (see `check_config`).
     """
-    file = Path(path)
+    file = resolve_preset_path(path)  # a path, or the name of a shipped preset
     if not file.is_file():
         state = "is a directory, not a file" if file.is_dir() else "does not exist"
         raise ConfigError(
             f"config file `{file}` {state} (resolved to {file.expanduser().resolve()}). Pass the path of a TOML "
-            "preset, e.g. `--config presets/tiny-shapes-nft.toml`."
+            "preset or the name of a shipped one (`sanarl presets` lists them), e.g. `--config tiny-shapes-nft`."
         )
     try:
         text = file.read_bytes().decode("utf-8")
@@ -103,9 +104,13 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
     data = _parse_toml(text, where)
     ctx = _Ctx(where=where, ignored=[], notes=[])
     cfg = _build(Config, data, "", ctx)
+    if isinstance(source, Path):  # relative input paths: the preset's against its file (presets.py)
+        cfg = anchor_paths(cfg, anchor_dir(source))
     cfg = apply_overrides(
         cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.cosmos, given=ctx.given
     )
+    if isinstance(source, Path):  # ... and --set values against the current directory
+        cfg = anchor_paths(cfg, Path.cwd())
     cosmos_notes = [
         cosmos_rl.inferred_type_note(ctx.given, ctx.cosmos),
         cosmos_rl.adapt_sft_batch(cfg, ctx.cosmos),

@@ -1,6 +1,6 @@
 """SFT folder dataset plugin in Cosmos-RL's layout: `<stem>.json` with `{"prompt": ...}` beside `<stem>.<image>`.
 
-Usage: `sanarl --config presets/x.toml sanarl.datasets.diffusers_dataset` with
+Usage: `sanarl --config PRESET sanarl.datasets.diffusers_dataset` with
 `train.train_policy.dataset.local_dir` (and optionally `validation.dataset.local_dir`) naming a flat folder:
 
     0001.json   {"prompt": "a red cube on a table"}

@@ -1,10 +1,10 @@
 """RL prompt-set plugin (DiffusionNFT / Flow-GRPO prompt sets): `sanarl.datasets.diffusion_nft`.
 
-Usage: `sanarl --config presets/sana-image-nft.toml sanarl.datasets.diffusion_nft`. Items are RL items
+Usage: `sanarl --config sana-image-nft sanarl.datasets.diffusion_nft`. Items are RL items
 `{"prompt": str, "metadata": dict}`; the metadata goes to the reward functions untouched.
 
 Config keys read (`[train.train_policy.dataset]` for `get_dataset`, `[validation.dataset]` for `get_val_dataset`):
-- `name`: a shipped prompt set, or "" with `local_dir` set (a custom file). Shipped (datasets/PROVENANCE.md):
+- `name`: a shipped prompt set, or "" with `local_dir` set (a custom file). Shipped (sanarl/data/datasets/prompts/PROVENANCE.md):
 
   | name | splits | metadata |
   |---|---|---|
@@ -31,8 +31,8 @@ Config keys read (`[train.train_policy.dataset]` for `get_dataset`, `[validation
   `<split>_metadata.jsonl`). With `name` also set, the set's row handling applies (ocr targets, geneval checks).
 - `train.seed`: seed of the generated rows (validation uses train.seed + 1).
 
-Shipped sets live in `datasets/prompts/<name>/` beside the `sanarl` package (a source checkout or editable
-install); `$SANARL_DATA_DIR` replaces that `datasets/` folder (it must hold `prompts/<name>/`).
+Shipped sets are package data in `sanarl/data/datasets/prompts/<name>/` (found from any working directory);
+`$SANARL_DATA_DIR` replaces that `datasets/` folder (it must hold `prompts/<name>/`).
 Text files are UTF-8; lines are stripped and blank lines skipped.
 """
 
@@ -50,7 +50,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-import sanarl
+from sanarl.config.presets import data_dir
 from sanarl.config.schema import Config, DatasetConfig
 from sanarl.datasets import geneval_templates
 from sanarl.errors import ConfigError, DataError
@@ -58,11 +58,11 @@ from sanarl.errors import ConfigError, DataError
 log = logging.getLogger(__name__)
 
 KNOWN_SETS: tuple[str, ...] = ("pickscore", "ocr", "geneval", "drawbench", "dance_grpo_t2v")
-"""Prompt-set names (shipped under datasets/prompts/; dance_grpo_t2v has a stand-in, see the module docstring)."""
+"""Prompt-set names (shipped under sanarl/data/datasets/prompts/; dance_grpo_t2v has a stand-in, see the module docstring)."""
 VIDEO_STAND_IN = "dance_grpo_t2v"
 
 DATA_DIR_ENV = "SANARL_DATA_DIR"
-"""Environment variable that replaces the repository's `datasets/` folder."""
+"""Environment variable that replaces the shipped `sanarl/data/datasets/` folder."""
 
 TRAIN_KEY = "train.train_policy.dataset"
 VAL_KEY = "validation.dataset"
@@ -140,19 +140,19 @@ class PromptSet(Dataset):
 
 
 def data_root() -> Path:
-    """The folder holding `prompts/<name>/`: `$SANARL_DATA_DIR`, else `datasets/` beside the sanarl package.
+    """The folder holding `prompts/<name>/`: `$SANARL_DATA_DIR`, else the shipped `sanarl/data/datasets/`.
 
     Raises:
         DataError: when `$SANARL_DATA_DIR` is set but is not a directory.
     """
     env = os.environ.get(DATA_DIR_ENV, "").strip()
     if not env:
-        return Path(sanarl.__file__).resolve().parent.parent / "datasets"
+        return data_dir("datasets")
     root = Path(env).expanduser()
     if not root.is_dir():
         raise DataError(
             f"${DATA_DIR_ENV} = {env!r} is not a directory. Point it to a folder holding prompts/<name>/ "
-            f"(a copy of the repository's datasets/ folder), or unset it to use the shipped one."
+            f"(a copy of the shipped sanarl/data/datasets/ folder), or unset it to use the shipped one."
         )
     return root
 
@@ -177,7 +177,7 @@ def shipped_dir(req: Request) -> Path:
     if not folder.is_dir():
         raise DataError(
             f"`{req.key}.name` = {req.name!r}: its folder {str(folder)!r} does not exist. The prompt sets ship in "
-            f"the repository's datasets/ folder (use a source checkout or `pip install -e .`), or set "
+            f"the sanarl package (sanarl/data/datasets/; reinstall sanarl), or set "
             f"${DATA_DIR_ENV} to a copy of that folder."
         )
     return folder
@@ -273,7 +273,7 @@ def read_jsonl(path: Path, key: str, check: Callable[[dict], str | None] | None 
             raise DataError(
                 f'{where} is not a valid GenEval row: {problem}. Rows look like {{"tag": "counting", '
                 '"include": [{"class": "bus", "count": 3}], "prompt": "a photo of three buses"} (see '
-                "datasets/prompts/geneval/test_metadata.jsonl)."
+                "sanarl/data/datasets/prompts/geneval/test_metadata.jsonl)."
             )
         rows.append((obj["prompt"].strip(), {k: v for k, v in obj.items() if k != "prompt"}))
     return rows
@@ -295,7 +295,7 @@ def read_prompt_file(path: Path, req: Request) -> list[Row]:
     if suffix == ".txt":
         raise DataError(
             f"`{req.key}.local_dir` = {req.local_dir!r}: geneval prompts need their metadata (tag, include, "
-            "exclude), so give a .jsonl file in the format of datasets/prompts/geneval/test_metadata.jsonl, or "
+            "exclude), so give a .jsonl file in the format of sanarl/data/datasets/prompts/geneval/test_metadata.jsonl, or "
             f"clear `{req.key}.name` to use the .txt as plain prompts."
         )
     raise DataError(
@@ -442,7 +442,7 @@ def load_generated(req: Request) -> PromptSet:
     if test_file is None or test_file.suffix != ".jsonl":
         raise DataError(
             f'`{req.key}.subset` = "generated" excludes the GenEval test prompts, but {str(folder)!r} has no '
-            "test_metadata.jsonl. Restore it (datasets/prompts/geneval/) or point local_dir to a folder with one."
+            "test_metadata.jsonl. Restore it (sanarl/data/datasets/prompts/geneval/) or point local_dir to a folder with one."
         )
     test = read_jsonl(test_file, _file_key(req), geneval_templates.row_problem)
     size = req.size or DEFAULT_GENERATED_SIZE

@@ -1,4 +1,4 @@
-"""GenEval-style prompt generator: a train split in the format of `datasets/prompts/geneval/test_metadata.jsonl`.
+"""GenEval-style prompt generator: a train split in the format of `sanarl/data/datasets/prompts/geneval/test_metadata.jsonl`.
 
 GenEval (Ghosh et al., 2023, "GenEval: An Object-Focused Framework for Evaluating Text-to-Image Alignment") builds its
 benchmark prompts from six templates over the 80 COCO classes and 10 colours. Its train prompts are not shipped

@@ -1,6 +1,6 @@
 """Dataset plugin for the procedural shapes world (the embedded default dataset: no download, deterministic).
 
-Usage: `sanarl --config presets/tiny-shapes-sft.toml sanarl.datasets.shapes`. The world (palette, shapes, caption
+Usage: `sanarl --config tiny-shapes-sft sanarl.datasets.shapes`. The world (palette, shapes, caption
 templates, train / held-out split, renderer, judge) lives in `sanarl.datasets.shapes_world`; docs/shapes.md
 specifies it.
 

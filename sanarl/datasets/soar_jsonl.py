@@ -1,6 +1,6 @@
 """Bucketed image-caption dataset plugin for SOAR (HY-SOAR's data layout; ALGORITHMS.md section 6).
 
-Usage: `sanarl --config presets/x.toml sanarl.datasets.soar_jsonl` with `train.train_policy.dataset.local_dir` set.
+Usage: `sanarl --config PRESET sanarl.datasets.soar_jsonl` with `train.train_policy.dataset.local_dir` set.
 
 Layout (docs/soar.md):
 

@@ -35,6 +35,11 @@ class PromptSet:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def items(self) -> list[dict[str, Any]]:
+        """`{"prompt", "metadata"}` per row ({} where a row has no metadata)."""
+        metadata = self.metadata or [{}] * len(self.prompts)
+        return [{"prompt": p, "metadata": m} for p, m in zip(self.prompts, metadata, strict=True)]
+
     def tags(self) -> list[str] | None:
         """GenEval tag of every row, or None unless every row has one."""
         tags = [m.get("tag") for m in self.metadata]

@@ -27,6 +27,7 @@ from sanarl.evaluation.scoring import build_rewards, generate_and_score
 from sanarl.evaluation.sources import ModelSource, load_source, safe_name
 from sanarl.evaluation.summary import compare, summarize
 from sanarl.models.base import DiffusionAdapter
+from sanarl.rewards.preflight import check_items
 from sanarl.tasks.sampling import GenerationSpec
 
 GRID_PROMPTS = 16
@@ -142,8 +143,9 @@ def run_eval(
     """Evaluate every source on `rows` with one sampler (from `spec_config`, else the first source's config) and
     write samples.jsonl, summary.json, grid.png and the per-image PNGs. Returns the summary dict (also has the
     `ModelResult`s under the private key `_results`)."""
-    out = prepare_output(output)
     rewards = build_rewards(reward_names)
+    check_items(list(rewards.values()), rows.items(), f"prompts of {rows.source or 'the evaluation'}")
+    out = prepare_output(output)
     results: list[ModelResult] = []
     spec: GenerationSpec | None = None
     for source in sources:

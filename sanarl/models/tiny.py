@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from sanarl.config.presets import data_dir
 from sanarl.errors import WeightsError
 from sanarl.models.loading import cache_dir
 
@@ -164,12 +165,12 @@ def _builder(name: str) -> Callable:
     return entry
 
 
-SHIPPED_DIR = Path(__file__).resolve().parent.parent.parent / "models"
+SHIPPED_DIR = data_dir("models")
 SHIPPED: dict[str, str] = {
     "shapes-base": "tiny-shapes-base",
     "video-base": "tiny-video-base",
 }
-"""Trained tiny pipelines shipped in the repository's models/ folder (fp16), by tiny name."""
+"""Trained tiny pipelines shipped as package data in sanarl/data/models/ (fp16), by tiny name."""
 
 
 def ensure_tiny_pipeline(name: str) -> Path:
@@ -178,8 +179,8 @@ def ensure_tiny_pipeline(name: str) -> Path:
         path = SHIPPED_DIR / SHIPPED[name]
         if not (path / "model_index.json").is_file():
             raise WeightsError(
-                f"the shipped model `sanarl-tiny:{name}` is missing at {path}; it ships with the repository "
-                "(use a git checkout with `pip install -e .`), or rebuild it with `python scripts/build_shapes_base.py "
+                f"the shipped model `sanarl-tiny:{name}` is missing at {path}; it ships inside the sanarl "
+                "package (reinstall sanarl), or rebuild it with `python scripts/build_shapes_base.py "
                 f"--model {name}`."
             )
         return path

@@ -187,6 +187,10 @@ class Reward(ABC):
         """Validate the batch layout and range (images `[B, 3, H, W]`; video-native rewards override this)."""
         return check_images(images, self.name)
 
+    def check_prompt(self, prompt: str, metadata: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Raise RewardInputError when this reward cannot score `prompt` with `metadata` (checked on the data
+        before any model loads, `sanarl.rewards.preflight`); rewards that score any prompt need nothing."""
+
     @abstractmethod
     def _score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]

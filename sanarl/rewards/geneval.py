@@ -5,7 +5,7 @@ Per image: a COCO detector finds objects -> GenEval's selection, counting, colou
 - `partial` (default): fraction of the row's include and exclude entries that are met, in [0, 1];
 - `strict`: 1 iff all are met (GenEval's `correct`, its benchmark accuracy).
 
-Metadata: the geneval prompt set forwards each row's `{"tag", "include", "exclude"}` (datasets/prompts/geneval);
+Metadata: the geneval prompt set forwards each row's `{"tag", "include", "exclude"}` (sanarl/data/datasets/prompts/geneval);
 a prompt without it is a RewardInputError.
 
 Detector (behind the small `Detector` interface: images -> per-image `Detection` lists): a torchvision COCO

@@ -72,7 +72,7 @@ ColorFn = Callable[[str, Sequence[Detection]], Sequence[str]]
 
 def check_metadata(prompt: str, metadata: Mapping[str, Any], reward: str = "geneval") -> None:
     """Raise RewardInputError naming the prompt unless `metadata` is a GenEval row (the format of
-    datasets/prompts/geneval/test_metadata.jsonl, without "prompt")."""
+    sanarl/data/datasets/prompts/geneval/test_metadata.jsonl, without "prompt")."""
     if not metadata or "include" not in metadata:
         raise RewardInputError(
             f"reward {reward!r} needs GenEval metadata for prompt {prompt!r}, got "

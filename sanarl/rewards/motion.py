@@ -2,7 +2,8 @@
 
 A video-native reward: it takes whole clips `[B, C, T, H, W]` in [0, 1] (class attribute `video_native = True`
 tells `RewardFunction` to pass clips through instead of scoring frames one by one) and each clip's metadata row
-with a `motion` direction (forwarded by `sanarl.datasets.shapes` in video mode). The judge is
+with a `motion` direction (forwarded by `sanarl.datasets.shapes` in video mode), or for a prompt without one the
+direction its caption states ("a red circle moving left", `shapes_captions.parse_motion_caption`). The judge is
 `shapes_video.judge_motion` (centroid track -> least-squares displacement D -> `(1 + cos(D, u)) / 2` times a travel
 factor). Keys:
 - `direction` (default key): in [0, 1]; ~1 for ground-truth clips, ~0 for reversed or static ones, 0.5 sideways;
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from sanarl.datasets import shapes_video
+from sanarl.datasets.shapes_captions import motion_row
 from sanarl.errors import DataError
 from sanarl.rewards.base import Reward, RewardInputError, check_images
 from sanarl.rewards.video import frames_as_images
@@ -59,12 +61,24 @@ class MotionReward(Reward):
         values: dict[str, list[float]] = {key: [] for key in self.keys}
         arr = images.detach().float().cpu().permute(0, 2, 3, 4, 1).double().numpy()  # [B, T, H, W, C]
         for clip, prompt, row in zip(arr, prompts, metadata, strict=True):
-            try:
-                direction = shapes_video.check_direction(row)
-            except DataError as exc:
-                raise RewardInputError(f"reward 'motion', prompt {prompt!r}: {exc}") from exc
+            direction = motion_direction(prompt, row)
             result = shapes_video.judge_motion(clip, direction)
             values["direction"].append(result.direction)
             values["travel"].append(result.travel)
             values["visible"].append(result.visible)
         return {key: torch.tensor(vals, dtype=torch.float32) for key, vals in values.items()}
+
+    def check_prompt(self, prompt: str, metadata: dict[str, Any]) -> None:
+        motion_direction(prompt, metadata)
+
+
+def motion_direction(prompt: str, metadata: dict[str, Any] | None) -> str:
+    """The direction to judge `prompt`'s clip by: its metadata's `motion`, else its parsed caption.
+
+    Raises:
+        RewardInputError: naming the prompt (and the grammar when the caption does not parse).
+    """
+    try:
+        return shapes_video.check_direction(motion_row(prompt, metadata))
+    except DataError as exc:
+        raise RewardInputError(f"reward 'motion': {exc}") from exc

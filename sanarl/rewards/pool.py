@@ -37,6 +37,10 @@ DEFAULT_DEADLINE_S = 600.0
 """Default per-call deadline in seconds (as `rollout.reward_deadline_s`)."""
 DEADLINE_KEY = "rollout.reward_deadline_s"
 WORKERS_KEY = "rollout.reward_workers"
+SHUTDOWN_GRACE_S = 30.0
+"""How long `close(wait=False)` still waits for the calls that are running (at most the deadline): a torch op
+left running in a daemon thread while the interpreter exits aborts the process ("terminate called without an
+active exception", exit code 134) instead of exiting with the error's code."""
 
 ScoreFn = Callable[[torch.Tensor, list[str], list[dict[str, Any]] | None], RewardResult]
 
@@ -203,7 +207,9 @@ class RewardPool:
 
     def close(self, wait: bool = True, cancel_pending: bool = False) -> None:
         """Stop the workers. `wait`: block until queued and running calls finish (unless they were cancelled or
-        the pool timed out). `cancel_pending`: drop calls that have not started."""
+        the pool timed out); without it, running calls still get `SHUTDOWN_GRACE_S` (bounded by the deadline) to
+        finish. `cancel_pending`: drop calls that have not started. A timed-out pool joins nothing (its call hangs;
+        the workers are daemon threads)."""
         timed_out = self._stopped is not None
         if cancel_pending:
             self._stop("the pool was closed")
@@ -212,9 +218,11 @@ class RewardPool:
                 self._stopped = self._stopped or "the pool was closed"
             for _ in self._threads:
                 self._queue.put(None)
-        if wait and not timed_out:
-            for thread in self._threads:
-                thread.join()
+        if timed_out:
+            return
+        end = None if wait else time.monotonic() + min(self.deadline_s, SHUTDOWN_GRACE_S)
+        for thread in self._threads:
+            thread.join(None if end is None else max(0.0, end - time.monotonic()))
 
     def __enter__(self) -> RewardPool:
         return self

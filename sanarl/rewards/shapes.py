@@ -1,7 +1,8 @@
 """The `shapes` reward: the shapes world's programmatic judge as a reward (no weights, CPU, ~3 ms per 32 px image).
 
-Each image is judged against its GenEval-format metadata row (forwarded by `sanarl.datasets.shapes`) with
-`shapes_world.judge`: detected objects (colour, class, box) -> GenEval's clauses (count, colour, relative position,
+Each image is judged against its GenEval-format metadata row (forwarded by `sanarl.datasets.shapes`), or, for a
+prompt without one, the row its caption states in the shapes grammar (`shapes_captions.parse_caption`: "two red
+squares", "a blue circle to the left of a yellow square"), with `shapes_world.judge`: detected objects (colour, class, box) -> GenEval's clauses (count, colour, relative position,
 exclude). Keys:
 - `partial` (default key): fraction of the row's clauses that hold, in [0, 1]. The denser signal for RL: a sample
   with the right shape but the wrong colour scores above an empty image, so groups rarely tie.
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from sanarl.datasets import shapes_world as world
+from sanarl.datasets.shapes_captions import shapes_row
 from sanarl.errors import DataError
 from sanarl.rewards.base import Reward, RewardInputError
 
@@ -26,18 +28,18 @@ JUDGE_KEYS = ("partial", "strict", "objects")
 STATS_KEYS = ("background", "specks", "entropy")
 
 
-def check_shapes_metadata(prompt: str, metadata: dict[str, Any]) -> None:
-    """Raise RewardInputError (naming the prompt) unless `metadata` is a valid shapes-world GenEval row."""
-    if not metadata or "include" not in metadata:
-        raise RewardInputError(
-            f"reward 'shapes' needs shapes-world metadata for prompt {prompt!r}, got "
-            f"{sorted(metadata) if metadata else 'none'}. Score prompts from the sanarl.datasets.shapes plugin "
-            '(its items carry GenEval-format metadata {"tag", "include", ...}) or choose another reward.'
-        )
+def shapes_metadata(prompt: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The valid shapes-world row to judge `prompt` by: its metadata, else its parsed caption.
+
+    Raises:
+        RewardInputError: naming the prompt (and the grammar when the caption does not parse).
+    """
     try:
-        world.validate_metadata(metadata)
+        row = shapes_row(prompt, metadata)
+        world.validate_metadata(row)
     except DataError as exc:
-        raise RewardInputError(f"reward 'shapes', prompt {prompt!r}: {exc}") from exc
+        raise RewardInputError(f"reward 'shapes': {exc}") from exc
+    return row
 
 
 class ShapesReward(Reward):
@@ -60,8 +62,7 @@ class ShapesReward(Reward):
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
         """Judge each image `[3, H, W]` of the batch against its row; returns `[B]` float tensors per key."""
-        for prompt, row in zip(prompts, metadata, strict=True):
-            check_shapes_metadata(prompt, row)
+        metadata = [shapes_metadata(p, row) for p, row in zip(prompts, metadata, strict=True)]
         values: dict[str, list[float]] = {key: [] for key in self.keys}
         for image, row in zip(world.batch_to_hwc(images.cpu()), metadata, strict=True):
             result = world.judge(image, row)
@@ -74,3 +75,6 @@ class ShapesReward(Reward):
                 values["specks"].append(stats["num_specks"])
                 values["entropy"].append(stats["entropy"])
         return {key: torch.tensor(vals, dtype=torch.float32) for key, vals in values.items()}
+
+    def check_prompt(self, prompt: str, metadata: dict[str, Any]) -> None:
+        shapes_metadata(prompt, metadata)

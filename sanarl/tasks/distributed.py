@@ -46,7 +46,7 @@ def enable_fsdp_on_cpu(acc: Accelerator) -> None:
     if plugin.fsdp_version != 2:
         raise ConfigError(
             "FSDP on CPU needs FSDP2: set `fsdp_config.fsdp_version: 2` in the accelerate config (or launch with "
-            "`--fsdp_version 2`); configs/accelerate/fsdp_8gpu.yaml shows the full block."
+            "`--fsdp_version 2`); sanarl/data/accelerate/fsdp_8gpu.yaml shows the full block."
         )
     if acc.mixed_precision != "no":
         plugin.set_mixed_precision(acc.mixed_precision)

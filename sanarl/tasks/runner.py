@@ -137,7 +137,7 @@ class Runner:
         if is_fsdp(accelerator) and getattr(engine, "full_copy", None) is not None:
             raise ConfigError(
                 f"rollout.family = {cfg.rollout.family!r} samples from inference copies merged from the live LoRA "
-                "weights, which FSDP shards; launch this preset with DDP (configs/accelerate/ddp_8gpu.yaml: LoRA "
+                "weights, which FSDP shards; launch this preset with DDP (sanarl/data/accelerate/ddp_8gpu.yaml: LoRA "
                 "fits every GPU) or use rollout.family = 'diffusionnft' / 'naive_scaling' under FSDP."
             )
         self.total_steps = self._total_steps()

@@ -36,7 +36,7 @@ SFT_OVERRIDES = [
 def sft(out: Path, steps: int, *extra: str):
     """SFT on the recording squares plugin for `steps` optimizer steps (global batch 8)."""
     overrides = [f"train.output_dir={out}", f"train.max_num_steps={steps}", *SFT_OVERRIDES, *extra]
-    return api.train(load_config(ROOT / "presets" / "tiny-shapes-sft.toml", overrides), RECORDING)
+    return api.train(load_config(ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml", overrides), RECORDING)
 
 
 def nft(out: Path, advantages: list):
@@ -75,7 +75,7 @@ def fsdp_helpers(out: Path, rank: int) -> dict:
     from sanarl.models import load_adapter
     from sanarl.tasks.distributed import full_parameters, full_tensors, load_full_state, shard_like
 
-    cfg = load_config(ROOT / "presets" / "tiny-shapes-sft.toml", []).config
+    cfg = load_config(ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml", []).config
     module = load_adapter(cfg.policy, "cpu").transformer
     reference = {k: v.detach().clone() for k, v in module.state_dict().items()}
     if rank == 0:

@@ -1,5 +1,5 @@
-"""Launched by accelerate with an FSDP2 config: configs/accelerate/fsdp_cpu.yaml (2 CPU processes, gloo) in
-tests/integration/test_multiprocess.py and configs/accelerate/fsdp_8gpu.yaml in tests/gpu/test_fsdp.py (one per GPU):
+"""Launched by accelerate with an FSDP2 config: sanarl/data/accelerate/fsdp_cpu.yaml (2 CPU processes, gloo) in
+tests/integration/test_multiprocess.py and sanarl/data/accelerate/fsdp_8gpu.yaml in tests/gpu/test_fsdp.py (one per GPU):
 SFT (full fine-tune) and NFT (LoRA) under FSDP2, with checkpoint, resume and export; dumps gathered weights."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FSDP2 through accelerate on the local GPUs (configs/accelerate/fsdp_8gpu.yaml, one process per GPU): SFT and
+"""FSDP2 through accelerate on the local GPUs (sanarl/data/accelerate/fsdp_8gpu.yaml, one process per GPU): SFT and
 NFT train, ranks hold the same gathered weights, rank 0 writes one checkpoint layout, resume equals an
 uninterrupted run, the export loads with diffusers. Skipped without CUDA."""
 
@@ -23,7 +23,7 @@ def launched(tmp_path_factory) -> tuple[Path, int]:
     world = torch.cuda.device_count()
     args = [
         "--config_file",
-        str(ROOT / "configs" / "accelerate" / "fsdp_8gpu.yaml"),
+        str(ROOT / "sanarl" / "data" / "accelerate" / "fsdp_8gpu.yaml"),
         "--num_processes",
         str(world),
     ]

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = sorted((ROOT / "presets").glob("*.toml"))
+PRESETS = sorted((ROOT / "sanarl" / "presets").glob("*.toml"))
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 BAD = ROOT / "tests" / "data" / "bad_plugins"
-TINY = ROOT / "presets" / "tiny-shapes-sft.toml"
+EXAMPLE_PLUGIN = ROOT / "examples" / "plugins" / "my_prompts.py"
+TINY = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 
 
 def preset_command(path: Path) -> list[str]:
@@ -26,7 +27,7 @@ def preset_command(path: Path) -> list[str]:
 def test_every_shipped_preset_validates(preset, run_cli, monkeypatch):
     monkeypatch.chdir(ROOT)
     args = preset_command(preset)
-    assert args[:2] == ["--config", f"presets/{preset.name}"]
+    assert args[:2] == ["--config", preset.stem]
     code, out, err = run_cli("validate", *args)
     assert code == 0, err
     assert "valid" in out and "sanarl plan" in out
@@ -37,6 +38,66 @@ def test_presets_lists_each_preset_with_its_purpose(run_cli):
     assert code == 0
     for preset in PRESETS:
         assert preset.stem in out
+
+
+def test_presets_shows_each_file_and_copies_one_out(run_cli, tmp_path):
+    code, out, _ = run_cli("presets")
+    assert code == 0 and "accelerate configs" in out
+    flat = "".join(out.split())  # rich folds long paths over lines
+    for preset in PRESETS:
+        assert "".join(str(preset).split()) in flat
+    code, out, _ = run_cli("presets", "--copy", "tiny-shapes-nft", tmp_path)
+    assert code == 0 and (tmp_path / "tiny-shapes-nft.toml").is_file()
+    code, _, err = run_cli("presets", "--copy", "tiny-shapes-nft", tmp_path)
+    assert code == 2 and "already exists" in err
+
+
+@pytest.mark.parametrize("flags", [["--help"], ["-h"], []])
+def test_help_lists_every_command_one_line_each(run_cli, flags):
+    from sanarl.cli import SUBCOMMANDS, tools
+
+    code, out, _ = run_cli(*flags)
+    assert code == 0
+    commands = [line.strip() for line in out.split("Commands:\n")[1].split("\n\n")[0].splitlines()]
+    names = [line.split("  ")[0] for line in commands]
+    expected = ["sanarl [train] --config PRESET PLUGIN", "sanarl validate", "sanarl presets", "sanarl eval"]
+    assert names[:4] == expected and "sanarl bench shapes" in names and names[-1] == "sanarl-reward --help"
+    assert len(names) == len(tools.registered_commands) + 3  # + train, bench shapes, sanarl-reward
+    assert set(SUBCOMMANDS) <= {name.split()[1] for name in names[:-1]}
+    assert all(len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip() for line in commands)
+
+
+def test_train_is_also_an_explicit_command(run_cli):
+    code, out, _ = run_cli("train", "--help")
+    assert code == 0 and "--config" in out and "--dry-run" in out
+
+
+def test_prompts_outside_the_shapes_grammar_stop_before_any_model_loads(run_cli, tmp_path, monkeypatch):
+    import sanarl.models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the prompts were checked")
+
+    monkeypatch.setattr(sanarl.models, "load_adapter", no_model)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red circle\na cat on a sofa\n")
+    args = (
+        "--config",
+        "tiny-shapes-nft",
+        str(EXAMPLE_PLUGIN),
+        "--set",
+        f"train.train_policy.dataset.local_dir={prompts}",
+    )
+    for command in (("validate",), ()):
+        code, _, err = run_cli(*command, *args, "--set", f"train.output_dir={tmp_path / 'run'}")
+        msg = " ".join(err.split())
+        assert code == 2, err
+        assert "training data, item 1: reward 'shapes': prompt 'a cat on a sofa'" in msg, msg
+        assert "shapes grammar: '[a|one|two|three|four] [colour] shape[s]'" in msg
+    assert not (tmp_path / "run").exists()
+    prompts.write_text("a red circle\ntwo blue squares\n")
+    code, out, err = run_cli("validate", *args)
+    assert code == 0 and "valid" in out, err
 
 
 def bad(run_cli, tmp_path, *args: str, traceback_ok: bool = False) -> str:
@@ -144,10 +205,10 @@ def test_missing_hub_weights_stop_with_instructions(run_cli, tmp_path):
         run_cli,
         tmp_path,
         "--config",
-        str(ROOT / "presets" / "sana-image-sft.toml"),
+        str(ROOT / "sanarl" / "presets" / "sana-image-sft.toml"),
         "sanarl.datasets.diffusers_dataset",
         "--set",
-        f"train.train_policy.dataset.local_dir={ROOT / 'datasets' / 'examples' / 'sft'}",
+        f"train.train_policy.dataset.local_dir={ROOT / 'sanarl' / 'data' / 'datasets' / 'examples' / 'sft'}",
     )
     assert "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers" in msg and "hf download" in msg
 

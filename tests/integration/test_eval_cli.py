@@ -66,7 +66,7 @@ def test_eval_bad_inputs_exit_2(run_cli, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     plain = tmp_path / "plain.txt"
-    plain.write_text("a red circle\n")
+    plain.write_text("a red circle\na cat on a sofa\n")  # the second is outside the grammar
     cases = [
         ((*model, "--dataset", "shapes", "--rewards", "shapez", *out), "Known rewards"),
         ((*model, "--prompts", tmp_path / "none.txt", "--rewards", "shapes", *out), "does not exist"),
@@ -78,10 +78,25 @@ def test_eval_bad_inputs_exit_2(run_cli, tmp_path):
         (("--dataset", "shapes", "--rewards", "shapes", *out), "nothing to evaluate"),
         (
             (*model, "--prompts", plain, "--rewards", "shapes", "--steps", "1", *out),
-            "needs shapes-world metadata",
+            "prompt 'a cat on a sofa' has no shapes-world metadata and its caption is not in the shapes grammar",
         ),
     ]
     for args, message in cases:
         code, _, stderr = run_cli("eval", *args)
         assert code == 2, (args, stderr)
         assert message in " ".join(stderr.split()), (message, stderr)
+
+
+def test_eval_scores_a_file_of_shapes_grammar_captions_no_preset_contains(run_cli, tmp_path):
+    captions = ["two red squares", "three blue circles", "a green triangle above a yellow square"]
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("\n".join(captions) + "\n")
+    out = tmp_path / "eval"
+    code, _, stderr = run_cli(
+        "eval", "--model", "sanarl-tiny:shapes-base", "--prompts", prompts, "--rewards", "shapes",
+        "--steps", "2", "--output", out,
+    )  # fmt: skip
+    assert code == 0, stderr
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == captions
+    assert all(0.0 <= r["shapes/partial"] <= 1.0 and r["shapes/strict"] in (0.0, 1.0) for r in records)

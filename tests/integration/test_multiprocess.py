@@ -5,7 +5,7 @@ Checked: DDP ranks end with identical weights; each rank reads a disjoint half o
 equal 1 process with the same global batch (loss and weights, given the same per-rank noise); only rank 0 writes
 (one checkpoint layout, no per-rank files); resume in 2 processes equals an uninterrupted run; NFT advantages are
 computed over all ranks' rewards (global std) and each rank keeps its slice. A second launch runs the same
-functions under FSDP2 (configs/accelerate/fsdp_cpu.yaml): sharded training, resume and export work, and FSDP ends
+functions under FSDP2 (sanarl/data/accelerate/fsdp_cpu.yaml): sharded training, resume and export work, and FSDP ends
 where DDP ends.
 """
 
@@ -138,8 +138,8 @@ def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_group
 
 @pytest.fixture(scope="module")
 def launched_fsdp(tmp_path_factory) -> Path:
-    """The same SFT / NFT functions under FSDP2 over 2 CPU processes (configs/accelerate/fsdp_cpu.yaml)."""
-    args = ["--config_file", str(ROOT / "configs" / "accelerate" / "fsdp_cpu.yaml")]
+    """The same SFT / NFT functions under FSDP2 over 2 CPU processes (sanarl/data/accelerate/fsdp_cpu.yaml)."""
+    args = ["--config_file", str(ROOT / "sanarl" / "data" / "accelerate" / "fsdp_cpu.yaml")]
     return accelerate_launch(args, "ddp_fsdp.py", tmp_path_factory.mktemp("fsdp"), OMP_NUM_THREADS="1")
 
 

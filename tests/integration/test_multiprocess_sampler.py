@@ -39,7 +39,7 @@ def test_shipped_accelerate_configs_load_with_accelerate():
 
     from accelerate.commands.config.config_args import load_config_from_file
 
-    root = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
+    root = Path(__file__).resolve().parents[2] / "sanarl" / "data" / "accelerate"
     expected = {
         "single_gpu": ("NO", 1, 1),
         "ddp_8gpu": ("MULTI_GPU", 8, 1),

@@ -323,7 +323,7 @@ def test_flow_grpo_iteration_with_cfg(tmp_path, tiny):
 
 
 def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
-    data = ROOT / "datasets" / "examples" / "soar"
+    data = ROOT / "sanarl" / "data" / "datasets" / "examples" / "soar"
     initial = sd3.transformer.state_dict()
     outcome = _train(
         "sd3-soar.toml",

@@ -20,7 +20,7 @@ from sanarl.core.tracking import read_metrics
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESET = ROOT / "presets" / "tiny-shapes-sft.toml"
+PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
 
 

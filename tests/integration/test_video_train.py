@@ -47,7 +47,7 @@ def test_tiny_video_sft_trains_saves_mp4_samples_and_exports_a_diffusers_pipelin
     import sanarl.models.tiny_video  # noqa: F401  (the pixel-space VAE class of the export)
 
     overrides = [f"train.output_dir={tmp_path}", "train.max_num_steps=2", "train.optm_warmup_steps=0", *SMALL]
-    outcome = api.train(load_config(ROOT / "presets" / "tiny-video-sft.toml", overrides), SHAPES)
+    outcome = api.train(load_config(ROOT / "sanarl" / "presets" / "tiny-video-sft.toml", overrides), SHAPES)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in records)
@@ -83,7 +83,7 @@ def test_tiny_video_nft_scores_clips_with_motion_and_exports_a_loadable_lora(tmp
         *SMALL,
         "validation.val_before_train=true",
     ]
-    config = load_config(ROOT / "presets" / "tiny-video-nft.toml", overrides)
+    config = load_config(ROOT / "sanarl" / "presets" / "tiny-video-nft.toml", overrides)
     assert config.config.policy.model_name_or_path == "sanarl-tiny:video-base"
     api.train(config, SHAPES)
     everything = read_metrics(tmp_path / "metrics.jsonl")

@@ -13,7 +13,7 @@ from sanarl.datasets import diffusion_nft as nft
 from sanarl.datasets import geneval_templates as gt
 from sanarl.errors import ConfigError, DataError
 
-PROMPTS = Path(__file__).resolve().parents[2] / "datasets" / "prompts"
+PROMPTS = Path(__file__).resolve().parents[2] / "sanarl" / "data" / "datasets" / "prompts"
 GENEVAL_TEST = PROMPTS / "geneval" / "test_metadata.jsonl"
 
 

@@ -17,7 +17,7 @@ from sanarl.evaluation.scoring import build_rewards, evaluate_rewards, score_ima
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
 from sanarl.evaluation.weights import _add_lora
 
-PRESETS = Path(__file__).resolve().parents[2] / "presets"
+PRESETS = Path(__file__).resolve().parents[2] / "sanarl" / "presets"
 
 
 def _run(tmp_path: Path, preset: str) -> tuple[Path, object]:
@@ -136,8 +136,8 @@ def test_reward_names_and_metadata_errors():
         build_rewards([""])
     rewards = build_rewards(["shapes", "shapes"])
     assert list(rewards) == ["shapes"]
-    with pytest.raises(DataError, match="needs shapes-world metadata"):
-        score_images(torch.zeros(1, 3, 32, 32), ["a circle"], [{}], rewards)
+    with pytest.raises(DataError, match="'a cat' has no shapes-world metadata.*shapes grammar"):
+        score_images(torch.zeros(1, 3, 32, 32), ["a cat"], [{}], rewards)
 
 
 def test_evaluate_rewards_equals_scoring_the_generated_images():

@@ -141,8 +141,8 @@ def test_exceptions_are_reraised_in_the_caller_with_the_reward_name() -> None:
     assert isinstance(err.value.__cause__, OSError)
     cfg = RemoteRewardConfig(reward_fns=[RewardFnConfig(name="shapes")])
     with RewardPool(RewardFunction(cfg), deadline_s=10.0) as pool:
-        future = pool.submit(torch.zeros(1, 3, 32, 32), ["a red circle"], [{}])
-        with pytest.raises(RewardInputError, match="prompt 'a red circle'"):
+        future = pool.submit(torch.zeros(1, 3, 32, 32), ["a cat on a sofa"], [{}])
+        with pytest.raises(RewardInputError, match="prompt 'a cat on a sofa'"):
             future.result()
 
 
@@ -161,10 +161,23 @@ def test_context_manager_cancels_queued_calls_on_error() -> None:
             queued = [pool.submit(torch.zeros(1, 3, 2, 2), ["q"]) for _ in range(2)]
             while running.started_at is None:
                 time.sleep(0.005)
+            threading.Timer(0.2, gate.set).start()  # the running call ends while the pool closes
             raise KeyboardInterrupt
-    gate.set()
     assert running.result().total.tolist() == [0.0]  # the running call still completes
     assert all(f._future.cancelled() for f in queued)
+
+
+def test_closing_after_an_error_waits_for_the_running_call() -> None:
+    # a reward worker left inside torch while the interpreter exits aborts the process (exit 134)
+    with pytest.raises(KeyboardInterrupt):
+        with RewardPool(sleepy_fn(seconds=0.3), max_workers=1) as pool:
+            running = pool.submit(torch.zeros(1, 3, 2, 2), ["p"])
+            queued = pool.submit(torch.zeros(1, 3, 2, 2), ["q"])
+            while running.started_at is None:
+                time.sleep(0.005)
+            raise KeyboardInterrupt
+    assert running.done() and not any(t.is_alive() for t in pool._threads)
+    assert queued._future.cancelled()
 
 
 def test_pool_arguments_are_checked() -> None:

@@ -330,8 +330,9 @@ def test_shapes_reward_rejects_missing_or_foreign_metadata_naming_the_prompt() -
     foreign = {"tag": "single_object", "include": [{"class": "hexagon", "count": 1}], "prompt": "a hexagon"}
     with pytest.raises(RewardInputError, match="prompt 'a hexagon'.*hexagon"):
         reward.score(blank(1), ["a hexagon"], [foreign])
-    with pytest.raises(RewardInputError, match="none"):
-        reward.score(blank(1), ["a circle"], None)
+    with pytest.raises(RewardInputError, match="'a cat' has no shapes-world metadata"):
+        reward.score(blank(1), ["a cat"], None)
+    assert reward.score(blank(1), ["a circle"], None)["strict"].tolist() == [0.0]  # judged from its caption
 
 
 # ---------------------------------------------------------------- RewardFunction
@@ -421,8 +422,8 @@ def test_exception_inside_a_reward_names_it() -> None:
     with pytest.raises(RewardFailure, match="reward 'broken' failed.*ValueError: model exploded") as err:
         fn(rendered([row]), [row["prompt"]], [row])
     assert isinstance(err.value.__cause__, ValueError)
-    with pytest.raises(RewardInputError, match="reward 'shapes' needs shapes-world metadata"):
-        fn(blank(1), ["a circle"], [{}])  # bad input stays a user error (exit code 2)
+    with pytest.raises(RewardInputError, match="reward 'shapes': prompt 'a cat'.*not in the shapes grammar"):
+        fn(blank(1), ["a cat"], [{}])  # bad input stays a user error (exit code 2)
 
 
 def test_result_metrics_by_hand() -> None:

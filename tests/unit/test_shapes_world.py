@@ -129,7 +129,7 @@ def test_shipped_sft_examples_are_reproducible_from_the_renderer(tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     written = script.write_examples(tmp_path, 64, seed=0, per_tag=2)
-    shipped = root / "datasets/examples/sft"
+    shipped = root / "sanarl/data/datasets/examples/sft"
     assert (
         sorted(p.name for p in shipped.glob("*.png")) == sorted(p.name for p in written)
         and len(written) == 12

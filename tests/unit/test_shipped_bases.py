@@ -1,4 +1,4 @@
-"""The shipped tiny base models (models/) and the recipe code that exports them (sanarl/bench/base_model.py)."""
+"""The shipped tiny base models (sanarl/data/models/) and the recipe code that exports them (sanarl/bench/base_model.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_shipped_base_is_its_recipe_on_its_init_architecture(recipe):
     path = ensure_tiny_pipeline(recipe.name)
     assert SHIPPED[recipe.name] == path.name == f"tiny-{recipe.name}"
     provenance = json.loads((path / "SANARL_RECIPE.json").read_text())
-    assert provenance == {"preset": f"presets/{recipe.preset}.toml", "steps": recipe.steps, "weights": "EMA"}
+    assert provenance == {"preset": recipe.preset, "steps": recipe.steps, "weights": "EMA"}
     assert _transformer_config(path) == _transformer_config(ensure_tiny_pipeline(recipe.init))
     model_index = json.loads((path / "model_index.json").read_text())
     assert model_index["_class_name"] == recipe.pipeline_class
@@ -47,7 +47,7 @@ def test_video_recipe_exports_the_ema_weights_in_fp16_as_a_loadable_pipeline(tmp
     target = export_base(tmp_path / "run", tmp_path / "base", recipe=VIDEO_BASE)
 
     provenance = json.loads((target / "SANARL_RECIPE.json").read_text())
-    assert provenance == {"preset": "presets/tiny-video-sft.toml", "steps": 7, "weights": "EMA"}
+    assert provenance == {"preset": "tiny-video-sft", "steps": 7, "weights": "EMA"}
     stored = load_file(str(target / "transformer" / "diffusion_pytorch_model.safetensors"))
     assert stored.keys() == ema.keys()
     for key, value in stored.items():

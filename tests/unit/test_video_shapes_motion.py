@@ -104,7 +104,7 @@ def test_motion_reward_marks_non_finite_clips_nan_and_rejects_bad_input():
     assert out["direction"][0] > 0.99 and torch.isnan(out["direction"][1])
     with pytest.raises(RewardInputError, match=r"reward 'motion' scores video clips.*\[B, C, T, H, W\]"):
         MotionReward().score(clips[:, :, 0], ["a", "b"], rows)
-    with pytest.raises(RewardInputError, match=r"prompt 'p'.*needs `motion`"):
+    with pytest.raises(RewardInputError, match=r"prompt 'p' has no moving-shapes metadata.*motion grammar"):
         MotionReward().score(clips[:1].nan_to_num(), ["p"], [{"prompt": "p"}])
 
 
