@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET = ROOT / "presets" / "sana-image-nft.toml"
+PRESET = ROOT / "sanarl" / "presets" / "sana-image-nft.toml"
 SANA_1600M = {
     "in_channels": 32,
     "out_channels": 32,

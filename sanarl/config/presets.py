@@ -55,15 +55,19 @@ def is_shipped(path: Path) -> bool:
 def resolve_preset_path(config: str | Path) -> Path:
     """`--config` value -> a preset file: an existing file path, else the shipped preset of that name.
 
-    A value that is neither is returned unchanged so that the loader reports it (naming the file); a missing
-    `presets/<name>.toml` whose name is shipped gets a ConfigError saying to pass the name instead.
+    `presets/<name>.toml` (the repository-relative form the docs and Cosmos-RL habits use) also names the
+    shipped preset when no such local file exists. A value that is neither is returned unchanged so that the
+    loader reports it (naming the file); any other missing `<dir>/<name>.toml` whose name is shipped gets a
+    ConfigError saying to pass the name instead.
     """
     path = Path(config)
     if path.is_file():
         return path
     name = path.name.removesuffix(PRESET_SUFFIX)
     shipped = presets_dir() / f"{name}{PRESET_SUFFIX}"
-    if str(config).removesuffix(PRESET_SUFFIX) == name and shipped.is_file():
+    bare = str(config).removesuffix(PRESET_SUFFIX) == name
+    in_presets = path.parent.parts[-1:] == ("presets",) and len(path.parent.parts) <= 2
+    if (bare or in_presets) and shipped.is_file():
         return shipped
     if shipped.is_file():
         raise ConfigError(

@@ -337,7 +337,7 @@ def pack_free_velocity(adapter, x, s, cond, guidance: float) -> torch.Tensor:
 
 
 def test_soar_steps_read_the_shipped_example_data(tmp_path, flux):
-    data = ROOT / "datasets" / "examples" / "soar"
+    data = ROOT / "sanarl" / "data" / "datasets" / "examples" / "soar"
     initial = flux.transformer.state_dict()
     outcome = _train(
         "sd3-soar.toml",

@@ -44,10 +44,17 @@ def test_a_local_file_wins_over_the_shipped_name(tmp_path, monkeypatch):
     assert resolve_preset_path("tiny-shapes-nft.toml") == Path("tiny-shapes-nft.toml")
 
 
-def test_an_old_presets_path_names_the_fix(tmp_path, monkeypatch):
+def test_the_repository_presets_path_names_the_shipped_preset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("presets/tiny-shapes-nft.toml", "./presets/tiny-shapes-nft.toml"):
+        assert resolve_preset_path(spelling) == presets_dir() / "tiny-shapes-nft.toml"
+    assert load_config("presets/tiny-shapes-nft.toml").config.policy.model_name_or_path.startswith("sanarl-tiny:")
+
+
+def test_another_missing_path_to_a_shipped_name_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"pass `--config tiny-shapes-nft`.*sanarl presets --copy"):
-        load_config("presets/tiny-shapes-nft.toml")
+        load_config("configs/tiny-shapes-nft.toml")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("no-such-preset")
 
