@@ -278,7 +278,7 @@ def test_sana_video_preset_reward_is_a_registered_sanarl_reward():
     from sanarl.config import load_config
     from sanarl.rewards import known_rewards
 
-    preset = Path(__file__).resolve().parents[2] / "presets" / "sana-video-nft.toml"
+    preset = Path(__file__).resolve().parents[2] / "sanarl" / "presets" / "sana-video-nft.toml"
     fns = load_config(preset).config.train.train_policy.remote_reward.reward_fns
     assert [(f.name, f.score_key) for f in fns] == [("dance_grpo", "overall_reward")]
     assert {"dance_grpo", "videoalign", "cosmos_reason1", "hpsv3", "unified_reward"} <= set(known_rewards())
