@@ -39,7 +39,7 @@ from sanarl.core.advantages import PerPromptStatTracker, clip_advantages
 from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
-from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step, initial_noise, sample_loop
+from sanarl.core.samplers import cps_step, flow_sde_step, initial_noise, sample_loop
 from sanarl.errors import ConfigError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.tasks.base import Task, per_rank_batch
@@ -394,13 +394,10 @@ class FlowGRPOTask(NFTTask):
         return loss, metrics
 
     def _policy_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        """v_theta as at rollout: with CFG (and cfg_in_training) v_u + w (v_c - v_u), the uncond branch detached."""
-        w, uncond = self.spec.guidance_scale, self.engine.uncond
-        if w == 1.0 or uncond is None or not self.cfg.train.train_policy.cfg_in_training:
-            return self.adapter.velocity(x, s, cond)
-        with torch.no_grad():
-            v_u = self.adapter.velocity(x, s, uncond.expand_to(len(x)))
-        return cfg_velocity(v_u, self.adapter.velocity(x, s, cond), w)
+        """v_theta as at rollout: with CFG (and cfg_in_training) v_u + w (v_c - v_u) from one batched forward,
+        differentiable through both branches (the guided sampler is the policy, docs/algorithms.md "Flow-GRPO")."""
+        w = self.spec.guidance_scale if self.cfg.train.train_policy.cfg_in_training else 1.0
+        return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w)
 
     @torch.no_grad()
     def _reference_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
