@@ -121,7 +121,7 @@ def test_cfg_rollouts_are_re_evaluated_with_the_same_guidance(tmp_path, caplog, 
         task.objective(on_empty, torch.Generator())[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in params]))
     assert grads[1].abs().max() > 0
-    assert (grads[0] - grads[1]).abs().max() <= 1e-5 * grads[1].abs().max()
+    assert (grads[0] - grads[1]).abs().max() <= 1e-4 * grads[1].abs().max()  # float noise of w = 4.5
 
 
 def test_fast_window_with_one_noise_per_group(tmp_path):
