@@ -258,6 +258,11 @@ class NFTTask(Task):
         self.engine.refresh()
         return {"old_decay": decay}
 
+    def after_resume(self) -> None:
+        """The inference copies were merged from the set-up weights: refresh them from the restored old adapter, so
+        the first rollout after a resume samples from the same theta_old as an uninterrupted run."""
+        self.engine.refresh()
+
     def _maybe_save_grid(self, step: int, groups: list[PromptGroup]) -> None:
         every = self.cfg.logging.multi_modal_log_interval
         if not every or step % every or self.rank != 0 or self.run_dir is None:

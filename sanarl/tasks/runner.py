@@ -198,6 +198,7 @@ class Runner:
                 "export (docs/multi-gpu.md, 'Resuming')."
             )
         self.task.load_state_tensors(tensors["model"])  # FSDP: every rank keeps its shard
+        self.task.after_resume()  # e.g. inference copies re-merged from the restored weights
         load_optimizer_state(self.acc, self.wrapped, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and "ema" in tensors:
