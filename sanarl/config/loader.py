@@ -537,6 +537,7 @@ def _inline_toml(text: str, tp: Any, key: str, ctx: _Ctx) -> Any:
 
 _TRAINERS = {"sft": ("", "soar"), "grpo": ("diffusion_nft", "flow_grpo")}
 _SOLVERS = ("euler", "dpm2", "flow_sde", "cps")
+_ODE_SOLVERS = ("euler", "dpm2")
 _WEIGHTINGS = ("logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap")
 _DTYPES = ("float32", "bfloat16", "float16")
 _LOGGERS = ("console", "wandb", "tensorboard")
@@ -744,6 +745,8 @@ def _check_diffusers(cfg: Config) -> None:
         _at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)
     s = d.sample
     _one_of(s.solver, "policy.diffusers.sample.solver", _SOLVERS)
+    if s.eval_solver is not None:
+        _one_of(s.eval_solver, "policy.diffusers.sample.eval_solver", _ODE_SOLVERS)
     _at_least(s.num_steps, "policy.diffusers.sample.num_steps", 1)
     _at_least(s.eval_num_steps, "policy.diffusers.sample.eval_num_steps", 1)
     _at_least(s.guidance_scale, "policy.diffusers.sample.guidance_scale", 0)

@@ -50,6 +50,10 @@ class SampleConfig:
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
+    # --- evaluation sampler (exactness, issue 16) ---
+    eval_solver: str | None = None
+    """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
+    references evaluate): euler | dpm2; None = `solver` when it is an ODE solver, else euler."""
 
 
 @dataclass
