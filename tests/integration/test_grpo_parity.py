@@ -92,3 +92,13 @@ def test_cfg_gradient_is_the_chain_through_both_branches(tmp_path):
     # the detached-uncond gradient (w dv_c only) is far from it: the test separates the two
     only_c = torch.cat([a.flatten() for a in d_c])
     assert float(torch.nn.functional.cosine_similarity(only_c, want, dim=0)) < 0.99
+
+
+def test_every_sample_trains_steps_zero_to_int_n_frac_minus_one(tmp_path):
+    task = one_block_task(tmp_path)  # 4 flow_sde steps, timesteps_fraction 0.5: steps 0 and 1
+    batches = task.micro_batches(0, step_generator(42, 0, 0))
+    trained = sorted(
+        {(float(s), float(n)) for b in batches for s, n in zip(b["s"], b["s_next"], strict=True)}
+    )
+    assert trained == sorted((float(task.sigmas[i]), float(task.sigmas[i + 1])) for i in (0, 1))
+    assert all(len(set(b["s"].tolist())) == 1 for b in batches)  # one grid step per micro-batch

@@ -47,3 +47,22 @@ def test_eval_solver_must_be_an_ode_solver():
 
     with pytest.raises(ConfigError, match="eval_solver"):
         load_config(PRESETS / "tiny-shapes-grpo.toml", ["policy.diffusers.sample.eval_solver=cps"])
+
+
+@pytest.mark.parametrize("preset", ["sd35m-grpo", "sana-image-grpo"])
+def test_sd35_style_flow_grpo_presets_take_two_optimizer_steps_per_rollout(preset):
+    tp = load_config(PRESETS / f"{preset}.toml").train.train_policy
+    assert (
+        tp.optimizer_steps_per_rollout == 2
+    )  # flow_grpo's SD3.5 configs: the second update is where the clip acts
+
+
+def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
+    from sanarl.tasks.grpo import trained_positions
+
+    every = list(range(10))
+    assert trained_positions(every, 10, 0.5, windowed=False) == [0, 1, 2, 3, 4]  # steps 0 .. int(N frac) - 1
+    assert trained_positions(every, 10, 0.99, windowed=False) == list(range(9))
+    assert trained_positions(every, 10, 0.01, windowed=False) == [0]  # at least one
+    assert trained_positions(every[:9], 10, 1.0, windowed=False) == list(range(9))  # cps: never the last step
+    assert trained_positions([0, 1, 2], 10, 0.1, windowed=True) == [0, 1, 2]  # Fast: the whole window
