@@ -245,12 +245,13 @@ class NFTTask(Task):
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:
         """After the last optimizer step of a rollout (`step` = optimizer steps done): theta_old <- d theta_old +
-        (1 - d) theta, d = decay(rollouts done, weight_copy_decay_type); refresh the inference copies."""
+        (1 - d) theta, d = decay(optimizer steps done, weight_copy_decay_type), counted in optimizer steps as
+        DiffusionNFT's global step; refresh the inference copies."""
         k = self.cfg.train.train_policy.optimizer_steps_per_rollout
         if step % k:
             return {}
         module = self.adapter.trainable_module()
-        decay = old_weight_decay(step // k, self.cfg.policy.diffusers.weight_copy_decay_type)
+        decay = old_weight_decay(step, self.cfg.policy.diffusers.weight_copy_decay_type)
         old = adapter_parameters(module, "old")
         new = adapter_parameters(module, "default")
         pairs = [(old[k], new[k.replace(".old.", ".default.")]) for k in old]

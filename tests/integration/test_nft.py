@@ -83,9 +83,9 @@ def test_two_optimizer_steps_per_rollout_move_the_old_adapter_once_per_rollout(t
     )
     assert rollouts == [0, 1]  # optimizer steps 0-1 share rollout 0, steps 2-3 rollout 1
     assert [(s, moved) for s, moved, _ in moves] == [(1, False), (2, True), (3, False), (4, True)]
-    assert moves[1][2]["old_decay"] == old_weight_decay(1, 1) and moves[3][2][
-        "old_decay"
-    ] == old_weight_decay(2, 1)
+    # the decay counts optimizer steps, as DiffusionNFT's global_step (not rollouts)
+    assert moves[1][2]["old_decay"] == old_weight_decay(2, 1)
+    assert moves[3][2]["old_decay"] == old_weight_decay(4, 1)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records if "reward/mean" in r] == [1, 3]
     assert all(r["grad_norm"] > 0 for r in records)  # every optimizer step trains on its half
