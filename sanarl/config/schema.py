@@ -193,7 +193,7 @@ class RemoteRewardConfig:
 
 @dataclass
 class SoarConfig:
-    """`[train.train_policy.soar]`: SOAR self-correction (ALGORITHMS.md section 6)."""
+    """`[train.train_policy.soar]`: SOAR self-correction (docs/algorithms.md, "SOAR")."""
 
     lambda_aux: float = 1.0
     """Weight of the auxiliary corrective loss."""
@@ -211,6 +211,10 @@ class SoarConfig:
     """CFG weight of the rollout velocity (computed without gradient)."""
     sigma_upper_ratio: float = 1.5
     """Auxiliary sigmas are drawn from U[s1, min(ratio * s0, 1)] (the public code hard-codes 1; sanarl honours it)."""
+    # --- exactness (issue 16) ---
+    boundary_aux_points: bool = True
+    """Samples at the t1 = 0 boundary keep the ODE path's auxiliary points, as HY-SOAR; false drops them (their
+    targets (z' - z0) / s' divide the rollout error by s' near 0; docs/algorithms.md, "SOAR")."""
 
 
 @dataclass
