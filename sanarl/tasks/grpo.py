@@ -46,7 +46,13 @@ from sanarl.core.samplers import cps_step, flow_sde_step, initial_noise, sample_
 from sanarl.errors import ConfigError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.nft import NFTTask, _reward_metrics, check_steps_per_rollout, load_prompt_dataset
+from sanarl.tasks.nft import (
+    NFTTask,
+    _reward_metrics,
+    check_steps_per_rollout,
+    load_prompt_dataset,
+    set_loss_weights,
+)
 from sanarl.tasks.rollout import PromptGroup
 from sanarl.tasks.sampling import GenerationSpec
 
@@ -104,17 +110,6 @@ def trained_positions(candidates: list[int], num_steps: int, fraction: float, *,
     if windowed:
         return list(candidates)
     return list(candidates[: min(len(candidates), trained_count(num_steps, fraction, False))])
-
-
-def set_loss_weights(batches: list[dict], num_micro: int) -> None:
-    """Give each micro-batch b (`adv` of n_b rows) the weight w_b = n_b * num_micro / sum_b n_b.
-
-    The runner backpropagates sum_b w_b L_b / num_micro (L_b the mean over b's rows; `num_micro` counts zero-weight
-    padding too), which then equals the mean over every (sample, trained step) row even when chunks are uneven.
-    """
-    rows = sum(len(b["adv"]) for b in batches)
-    for b in batches:
-        b["weight"] = len(b["adv"]) * num_micro / rows
 
 
 def check_grpo_config(cfg: Config) -> None:

@@ -145,14 +145,18 @@ class NFTTask(Task):
         return self._finish_chunk(split_even(self._pending[1], k)[part])
 
     def _finish_chunk(self, batches: list[dict]) -> list[dict]:
-        """The micro-batches of one optimizer step, as the runner gets them. With several ranks every rank must run
-        as many backward passes (DDP / FSDP communicate in each), but NaN rewards can drop different numbers of
-        samples per rank: pad with zero-weight micro-batches (zero latents, so even NaN rollouts pad safely)."""
+        """The micro-batches of one optimizer step, as the runner gets them, weighted so that the step's loss is the
+        mean over its (sample, level) rows whatever the chunking (after NaN drops the last chunk is shorter; its
+        rows must not weigh more). With several ranks every rank must run as many backward passes (DDP / FSDP
+        communicate in each), but NaN rewards can drop different numbers of samples per rank: pad with zero-weight
+        micro-batches (zero latents, so even NaN rollouts pad safely)."""
         if self.world == 1:
+            set_loss_weights(batches, len(batches))
             return batches
         from accelerate.utils import gather
 
         most = int(gather(torch.tensor([len(batches)], device=self.adapter.device)).max())
+        set_loss_weights(batches, most)
         if most == len(batches):
             return batches
         group = self.last_groups[0]
@@ -320,6 +324,17 @@ def split_even(items: list[dict], parts: int) -> list[list[dict]]:
     for p in range(parts):
         bounds.append(bounds[-1] + size + (1 if p < extra else 0))
     return [items[bounds[p] : bounds[p + 1]] for p in range(parts)]
+
+
+def set_loss_weights(batches: list[dict], num_micro: int) -> None:
+    """Give each micro-batch b (`adv` of n_b rows) the weight w_b = n_b * num_micro / sum_b n_b.
+
+    The runner backpropagates sum_b w_b L_b / num_micro (L_b the mean over b's rows; `num_micro` counts zero-weight
+    padding too), which then equals the mean over every (sample, trained step) row even when chunks are uneven.
+    """
+    rows = sum(len(b["adv"]) for b in batches)
+    for b in batches:
+        b["weight"] = len(b["adv"]) * num_micro / rows
 
 
 def check_steps_per_rollout(cfg: Config) -> None:

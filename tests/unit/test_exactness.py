@@ -66,3 +66,56 @@ def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
     assert trained_positions(every, 10, 0.01, windowed=False) == [0]  # at least one
     assert trained_positions(every[:9], 10, 1.0, windowed=False) == list(range(9))  # cps: never the last step
     assert trained_positions([0, 1, 2], 10, 0.1, windowed=True) == [0, 1, 2]  # Fast: the whole window
+
+
+@pytest.mark.parametrize("mode", ["best_worst", "mean_deviation", "random", "extremes_random"])
+def test_a_nan_draft_is_never_kept_while_a_scorable_one_remains(mode):
+    import torch
+
+    from sanarl.core.selection import select_scorable
+
+    nan = float("nan")
+    rewards = torch.tensor([0.3, nan, 0.9, 0.1, nan, 0.5, 0.7, 0.2])
+    for seed in range(5):
+        kept = select_scorable(rewards, 4, mode, generator=torch.Generator().manual_seed(seed)).tolist()
+        assert len(set(kept)) == 4 and not any(i in (1, 4) for i in kept)
+    if mode == "best_worst":  # top 2 and bottom 2 of the six scorable drafts
+        assert select_scorable(rewards, 4, mode).tolist() == [2, 3, 6, 7]
+    # fewer scorable drafts than slots: all of them, then NaN drafts fill the rest
+    few = torch.tensor([nan, 0.4, nan, nan, 0.8])
+    assert select_scorable(few, 3, mode, generator=torch.Generator().manual_seed(0)).tolist() == [0, 1, 4]
+
+
+def test_nft_sample_weights_do_not_depend_on_the_chunking():
+    """After NaN drops the last micro-batch is shorter: each row still weighs 1 / rows in the step's loss."""
+    import torch
+
+    from sanarl.tasks.nft import NFTTask
+
+    task = object.__new__(NFTTask)
+    task.world = 1
+    losses = torch.arange(7, dtype=torch.float64) ** 1.5  # 7 kept samples, one trained level
+    for sizes in ([4, 3], [2, 2, 2, 1], [7]):
+        bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        batches = [
+            {"adv": torch.zeros(b - a), "rows": losses[a:b]}
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        out = task._finish_chunk(batches)
+        total = sum(b["weight"] * b["rows"].mean() for b in out) / len(out)  # the runner's accumulation
+        assert float(total) == pytest.approx(float(losses.mean()), rel=1e-12)
+
+
+def test_preview_kept_mean_is_over_kept_drafts_and_skips_nan():
+    import torch
+
+    from sanarl.rewards.combine import RewardResult
+    from sanarl.tasks.rollout import PromptGroup, kept_mean
+
+    def group(values):
+        total = torch.tensor(values)
+        return PromptGroup(
+            "p", {}, None, [0] * len(values), None, None, RewardResult(total, {}, torch.isnan(total), {})
+        )
+
+    assert kept_mean([group([1.0, float("nan")]), group([2.0, 3.0])]) == pytest.approx(2.0)
