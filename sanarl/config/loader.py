@@ -667,6 +667,13 @@ def _check_grpo(cfg: Config) -> None:
         )
     if tp.trainer_type == "diffusion_nft":
         _at_least(cfg.policy.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
+        # exactness (issue 16): DiffusionNFT clips symmetrically at C = advantage_high; a lower bound is not honoured
+        _require(
+            tp.advantage_low == -tp.advantage_high,
+            f"train.train_policy.advantage_low = {tp.advantage_low} has no effect for diffusion_nft, which clips "
+            f"advantages to [-C, C] with C = advantage_high = {tp.advantage_high} (DiffusionNFT's adv_clip_max); "
+            f"set advantage_low = {-tp.advantage_high} (or use adv_mode = 'positive_only' for A >= 0).",
+        )
     _check_rollout_family(cfg)
     _one_of(
         tp.adv_mode,

@@ -231,8 +231,8 @@ class Runner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         sums.update(self.task.after_optimizer_step(step + 1))
-        if self.ema is not None:
-            self.ema.update(self.params, step)
+        if self.ema is not None:  # the references pass their global step after counting this update (1 first)
+            self.ema.update(self.params, step + 1)
         t2 = time.perf_counter()
         samples = self.cfg.train.train_batch_per_replica
         sums.update(

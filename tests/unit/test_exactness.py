@@ -119,3 +119,36 @@ def test_preview_kept_mean_is_over_kept_drafts_and_skips_nan():
         )
 
     assert kept_mean([group([1.0, float("nan")]), group([2.0, 3.0])]) == pytest.approx(2.0)
+
+
+def test_nft_rejects_an_advantage_low_it_cannot_honour():
+    from sanarl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="advantage_low = -1.0 has no effect for diffusion_nft"):
+        load_config(PRESETS / "tiny-shapes-nft.toml", ["train.train_policy.advantage_low=-1.0"])
+    load_config(
+        PRESETS / "tiny-shapes-nft.toml", ["train.train_policy.advantage_low=-5.0"]
+    )  # symmetric: fine
+
+
+@pytest.mark.slow
+def test_the_ema_warm_up_starts_at_the_references_first_decay(tmp_path, monkeypatch):
+    """DiffusionNFT / flow_grpo pass their global step after counting the update: first decay 2/11, not 1/10."""
+    from sanarl import api
+    from sanarl.core.ema import EMA
+
+    seen = []
+    original = EMA.update
+    monkeypatch.setattr(
+        EMA, "update", lambda self, params, step: seen.append(step) or original(self, params, step)
+    )
+    preset = ROOT / "tests" / "data" / "presets" / "nft-tiny.toml"
+    overrides = [f"train.output_dir={tmp_path}", "train.max_num_steps=2", "train.ema_enable=true"]
+    overrides += [
+        "rollout.reward_workers=0",
+        "validation.enable=false",
+        "train.ckpt.export_safetensors=false",
+    ]
+    api.train(_load(preset, overrides), "sanarl.datasets.shapes")
+    assert seen == [1, 2]
+    assert EMA([], decay=0.9).current_decay(seen[0]) == pytest.approx(2 / 11)
