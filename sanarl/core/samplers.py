@@ -1,6 +1,6 @@
 """Samplers for rectified flow: pure step functions over ``(x, v, s, s')`` and one sampling loop.
 
-Convention (ALGORITHMS.md section 0): ``x_s = (1 - s) x0 + s eps``, sampling from ``s = 1`` (noise) down to
+Convention (docs/algorithms.md, "Conventions"): ``x_s = (1 - s) x0 + s eps``, sampling from ``s = 1`` (noise) down to
 ``s = 0``, velocity ``v ~ eps - x0``, clean estimate ``x0_hat = x - s v``. Every step function takes ``s`` and
 ``s'`` (``s' < s``) as Python floats or ``[B]`` tensors and does its arithmetic in float32; the new state comes
 back in ``x.dtype``.
@@ -10,7 +10,7 @@ Solvers:
 - ``euler``: ``x' = x + v (s' - s)``.
 - ``dpm2``: DPM-Solver++(2M) (Lu et al. 2022, arXiv 2211.01095, Alg. 2 "midpoint" form) on the x0 prediction.
 - ``flow_sde``: the Flow-GRPO reverse SDE step with Gaussian log-probabilities (arXiv 2505.05470, eq. 9-10).
-- ``cps``: the coefficient-preserving variant of the stochastic step (ALGORITHMS.md section 4).
+- ``cps``: the coefficient-preserving variant of the stochastic step (docs/algorithms.md, "CPS step").
 
 Log-probabilities are means over every non-batch dimension (C, H, W and T for video), shape ``[B]``: for
 ``flow_sde`` the exact Gaussian log-density with all constants, divided by the number of elements; for ``cps``
@@ -195,7 +195,8 @@ def flow_sde_step(
     generator: GeneratorLike = None,
     x_next: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Flow-GRPO reverse-SDE step (arXiv 2505.05470 eq. 9; ALGORITHMS.md section 4), ``dt = s' - s < 0``::
+    """Flow-GRPO reverse-SDE step (arXiv 2505.05470 eq. 9; docs/algorithms.md, "Flow-GRPO SDE step"),
+    ``dt = s' - s < 0``::
 
         std  = eta * sqrt(s / (1 - (s if s < 1 else s_first_next)))
         mean = x (1 + std^2 dt / (2 s)) + v (1 + std^2 (1 - s) / (2 s)) dt
@@ -245,7 +246,7 @@ def cps_step(
     generator: GeneratorLike = None,
     x_next: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Coefficient-preserving stochastic step (ALGORITHMS.md section 4, "CPS")::
+    """Coefficient-preserving stochastic step (docs/algorithms.md, "CPS step")::
 
         std    = s' sin(eta pi / 2)
         x0_hat = x - s v ;  x1_hat = x + (1 - s) v

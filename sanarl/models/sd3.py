@@ -1,6 +1,6 @@
 """Stable Diffusion 3 / 3.5 adapter (diffusers `StableDiffusion3Pipeline`: MMDiT, AutoencoderKL, CLIP-L + CLIP-G + T5).
 
-What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (ALGORITHMS.md section 0):
+What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (docs/algorithms.md, "Conventions"):
 
 - Prompts: `pipeline.encode_prompt` itself. Token embeddings [B, 77 + L, 4096] are the two CLIPs' penultimate hidden
   states concatenated on features (768 + 1280), zero-padded to T5's width and stacked on the sequence axis with T5's

@@ -1,4 +1,4 @@
-"""DiffusionNFT: online RL on the forward process (ALGORITHMS.md section 2; arXiv 2509.16117).
+"""DiffusionNFT: online RL on the forward process (docs/algorithms.md, "DiffusionNFT"; arXiv 2509.16117).
 
 Per optimizer step ("iteration"): roll out K samples per prompt with the old adapter (CFG-free ODE by default),
 score them, turn rewards into per-prompt advantages, then for every kept sample train on

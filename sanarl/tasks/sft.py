@@ -1,4 +1,4 @@
-"""SFT and LoRA-SFT: flow matching on (image, caption) pairs (ALGORITHMS.md section 1).
+"""SFT and LoRA-SFT: flow matching on (image, caption) pairs (docs/algorithms.md, "SFT").
 
 loss = mean_B( w(s) * mean_CHW (v_theta(x_s, s, c) - (eps - x0))^2 ),  x_s = (1 - s) x0 + s eps,
 (video: the mean runs over C, T', h, w of the clip latents),

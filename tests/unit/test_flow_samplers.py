@@ -1,4 +1,5 @@
-"""Numerical checks of sanarl.core.flow and sanarl.core.samplers (ALGORITHMS.md sections 0, 4 and 8)."""
+"""Numerical checks of sanarl.core.flow and sanarl.core.samplers (docs/algorithms.md, "Conventions",
+"Samplers" and "Numerical checks")."""
 
 from __future__ import annotations
 
