@@ -744,6 +744,7 @@ def _check_diffusers(cfg: Config) -> None:
     _one_of(d.weighting_scheme, "policy.diffusers.weighting_scheme", _WEIGHTINGS)
     _one_of(d.dtype, "policy.diffusers.dtype", _DTYPES)
     _in_unit(d.caption_dropout, "policy.diffusers.caption_dropout", low_open=False, high_open=False)
+    _one_of(d.vae_latents, "policy.diffusers.vae_latents", ("sample", "mode"))
     _one_of(d.weight_copy_decay_type, "policy.diffusers.weight_copy_decay_type", (0, 1, 2))
     _at_least(d.logit_std, "policy.diffusers.logit_std", 0, strict=True)
     _at_least(d.max_prompt_length, "policy.diffusers.max_prompt_length", 1)

@@ -93,6 +93,10 @@ class DiffusersConfig:
     (tiny word-level models set false)."""
     caption_dropout: float = 0.0
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
+    # --- exactness (issue 16) ---
+    vae_latents: str = "sample"
+    """Training latents of a VAE with a posterior (SD3): "sample" draws z = mean + std eps with eps from the step's
+    seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 

@@ -124,6 +124,10 @@ class DiffusionAdapter(ABC):
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """The raw model call with the family's timestep scaling and conditioning."""
 
+    latent_sampling: bool = False
+    """True when `encode_images` draws from the encoder's posterior (SD3 with `vae_latents = "sample"`): training
+    tasks then pass `noise=` (standard normal, the latents' shape) from their seeded generator."""
+
     @abstractmethod
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """images [B,3,H,W] in [0,1] -> latents (the family's normalisation applied)."""

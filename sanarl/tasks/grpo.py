@@ -339,6 +339,7 @@ class FlowGRPOTask(NFTTask):
                         "s_next": self.sigmas[i + 1].expand(len(idx)).clone(),
                         "old_log_prob": old[idx, j],
                         "adv": adv[rows[idx]],
+                        "chunk": start // mb,
                         "cond": cond.select(idx),
                         "weight": 1.0,
                     }

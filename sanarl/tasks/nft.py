@@ -122,8 +122,8 @@ class NFTTask(Task):
 
     def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         """The micro-batches of optimizer step `step`. With `optimizer_steps_per_rollout` = k, rollout r serves
-        optimizer steps r k ... r k + k - 1, each taking one contiguous k-th of the rollout's shuffled micro-batches
-        (rollout metrics are reported on the step that samples)."""
+        optimizer steps r k ... r k + k - 1, each taking a k-th of the rollout's sample chunks with all their
+        trained levels (`split_updates`; rollout metrics are reported on the step that samples)."""
         k = self.cfg.train.train_policy.optimizer_steps_per_rollout
         rollout_step, part = divmod(step, k)
         if part == 0 or self._pending is None or self._pending[0] != rollout_step:
@@ -136,13 +136,10 @@ class NFTTask(Task):
                     k,
                     k,
                 )
-            batches = self._rollout_batches(rollout_step, rng)
-            if k > 1:  # each optimizer step sees a random subset of rows and levels
-                batches = [batches[i] for i in torch.randperm(len(batches), generator=rng).tolist()]
-            self._pending = (rollout_step, batches)
+            self._pending = (rollout_step, split_updates(self._rollout_batches(rollout_step, rng), k, rng))
         else:
             self.last_metrics = {}
-        return self._finish_chunk(split_even(self._pending[1], k)[part])
+        return self._finish_chunk(self._pending[1][part])
 
     def _finish_chunk(self, batches: list[dict]) -> list[dict]:
         """The micro-batches of one optimizer step, as the runner gets them, weighted so that the step's loss is the
@@ -208,6 +205,7 @@ class NFTTask(Task):
                         "t": levels[order[rows, j]],
                         "eps": eps[j, rows],
                         "adv": adv[rows],
+                        "chunk": start // mb,
                     }
                 )
         return batches
@@ -317,7 +315,21 @@ class NFTTask(Task):
         return rows
 
 
-def split_even(items: list[dict], parts: int) -> list[list[dict]]:
+def split_updates(batches: list[dict], k: int, rng: torch.Generator) -> list[list[dict]]:
+    """A rollout's micro-batches for its k optimizer steps. As flow_grpo and DiffusionNFT, an update takes whole
+    sample chunks with all their trained levels: the chunks (micro-batches sharing `chunk`) are shuffled and cut into
+    k contiguous parts whose chunk counts differ by at most one."""
+    if k == 1:
+        return [batches]
+    chunks: dict[int, list[dict]] = {}
+    for batch in batches:
+        chunks.setdefault(batch["chunk"], []).append(batch)
+    groups = list(chunks.values())
+    order = torch.randperm(len(groups), generator=rng).tolist()
+    return [[b for group in part for b in group] for part in split_even([groups[i] for i in order], k)]
+
+
+def split_even(items: list, parts: int) -> list[list]:
     """`items` cut into `parts` contiguous chunks whose sizes differ by at most one (earlier chunks larger)."""
     size, extra = divmod(len(items), parts)
     bounds = [0]

@@ -36,6 +36,21 @@ def draw_flow_matching_noise(
     return {"u": u, "eps": eps, "keep_caption": keep}
 
 
+def draw_vae_noise(adapter, count: int, latent: tuple[int, ...], rng: torch.Generator) -> dict:
+    """`{"vae_noise": [B, *latent]}` for an encoder that samples its posterior (`adapter.latent_sampling`), drawn
+    after the step's other randomness; `{}` for deterministic encoders (the streams of those runs stay as they are)."""
+    if not getattr(adapter, "latent_sampling", False):
+        return {}
+    return {"vae_noise": torch.randn((count, *latent), generator=rng)}
+
+
+def encode_media(adapter, media: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Latents of a micro-batch's media, drawn with the batch's `vae_noise` when the encoder samples."""
+    if "vae_noise" in batch:
+        return adapter.encode_images(media, noise=batch["vae_noise"])
+    return adapter.encode_images(media)
+
+
 def media_key(batch: dict, plugin: str) -> str:
     """The batch's training media: "image" ([B, 3, H, W]) or "video" ([B, 3, T, H, W] clips).
 
@@ -93,11 +108,12 @@ class SFTTask(Task):
         key = media_key(batch, self.plugin.__name__)
         latent = latent_shape_of(self.adapter, batch[key].shape)
         batch.update(draw_flow_matching_noise(self.diff, len(idx), latent, rng))
+        batch.update(draw_vae_noise(self.adapter, len(idx), latent, rng))
         return split_batch(batch, train.train_policy.mini_batch)
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         adapter, diff = self.adapter, self.diff
-        x0 = adapter.encode_images(batch[media_key(batch, self.plugin.__name__)])
+        x0 = encode_media(adapter, batch[media_key(batch, self.plugin.__name__)], batch)
         prompts = [
             p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)
         ]

@@ -48,7 +48,7 @@ from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import Cond
 from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import split_batch, step_indices
-from sanarl.tasks.sft import draw_flow_matching_noise
+from sanarl.tasks.sft import draw_flow_matching_noise, draw_vae_noise, encode_media
 
 ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
@@ -273,6 +273,7 @@ class SOARTask(Task):
         count = len(batch["prompt"])
         latent = self.adapter.latent_shape(*batch["image"].shape[-2:])
         batch.update(draw_randomness(count, latent, self.cfg, self.shift, rng))
+        batch.update(draw_vae_noise(self.adapter, count, latent, rng))
         soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
         n_active = int(batch["active"].sum())
         local_aux = aux_count(
@@ -306,7 +307,7 @@ class SOARTask(Task):
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         adapter, soar = self.adapter, self.soar
-        z0 = adapter.encode_images(batch["image"])
+        z0 = encode_media(adapter, batch["image"], batch)
         draws = {k: batch[k].to(z0.device) for k in ("s0", "s1", "active", "s_prime", "path_noise")}
         z1 = batch["noise"].to(z0.device)
         s0 = draws["s0"]

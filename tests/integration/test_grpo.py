@@ -239,9 +239,10 @@ def test_bad_input_is_named(run_cli, tmp_path, overrides, needles):
 
 def test_several_optimizer_steps_per_rollout_reuse_it_off_policy_where_the_clip_acts(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
-    api.train(
-        loaded(tmp_path, "train.train_policy.optimizer_steps_per_rollout=2", "train.max_num_steps=4"), SHAPES
-    )
+    steps = ["train.train_policy.optimizer_steps_per_rollout=2", "train.max_num_steps=4"]
+    # each update takes whole sample chunks (as flow_grpo), so the second half was not in the first update:
+    # lr 1e-3 moves the policy far enough for its ratios to leave the 1e-4 clip range
+    api.train(loaded(tmp_path, *steps, "train.optm_lr=1e-3"), SHAPES)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     rollout_steps = [r["step"] for r in records if "reward/mean" in r]

@@ -152,3 +152,19 @@ def test_the_ema_warm_up_starts_at_the_references_first_decay(tmp_path, monkeypa
     api.train(_load(preset, overrides), "sanarl.datasets.shapes")
     assert seen == [1, 2]
     assert EMA([], decay=0.9).current_decay(seen[0]) == pytest.approx(2 / 11)
+
+
+def test_several_updates_per_rollout_take_whole_sample_chunks():
+    """flow_grpo / DiffusionNFT: an update covers whole sample batches with all their trained steps."""
+    import torch
+
+    from sanarl.tasks.nft import split_updates
+
+    batches = [{"chunk": c, "level": j} for c in range(5) for j in range(3)]  # 5 chunks x 3 trained levels
+    parts = split_updates(batches, 2, torch.Generator().manual_seed(0))
+    assert sorted(len(p) for p in parts) == [6, 9]  # 2 and 3 whole chunks
+    for part in parts:
+        chunks = {b["chunk"] for b in part}
+        assert all(sorted(b["level"] for b in part if b["chunk"] == c) == [0, 1, 2] for c in chunks)
+    assert sorted(b["chunk"] for p in parts for b in p) == sorted(b["chunk"] for b in batches)
+    assert split_updates(batches, 1, torch.Generator()) == [batches]
