@@ -654,6 +654,7 @@ def _inline_toml(text: str, tp: Any, key: str, ctx: _Ctx) -> Any:
 
 _TRAINERS = {"sft": ("", "soar"), "grpo": ("diffusion_nft", "flow_grpo")}
 _SOLVERS = ("euler", "dpm2", "flow_sde", "cps")
+_ODE_SOLVERS = ("euler", "dpm2")
 _WEIGHTINGS = ("logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap")
 _DTYPES = ("float32", "bfloat16", "float16")
 _LOGGERS = ("console", "wandb", "tensorboard")
@@ -783,6 +784,13 @@ def _check_grpo(cfg: Config) -> None:
         )
     if tp.trainer_type == "diffusion_nft":
         _at_least(cfg.policy.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
+        # exactness (issue 16): DiffusionNFT clips symmetrically at C = advantage_high; a lower bound is not honoured
+        _require(
+            tp.advantage_low == -tp.advantage_high,
+            f"train.train_policy.advantage_low = {tp.advantage_low} has no effect for diffusion_nft, which clips "
+            f"advantages to [-C, C] with C = advantage_high = {tp.advantage_high} (DiffusionNFT's adv_clip_max); "
+            f"set advantage_low = {-tp.advantage_high} (or use adv_mode = 'positive_only' for A >= 0).",
+        )
     _check_rollout_family(cfg)
     _one_of(
         tp.adv_mode,
@@ -853,6 +861,7 @@ def _check_diffusers(cfg: Config) -> None:
     _one_of(d.weighting_scheme, "policy.diffusers.weighting_scheme", _WEIGHTINGS)
     _one_of(d.dtype, "policy.diffusers.dtype", _DTYPES)
     _in_unit(d.caption_dropout, "policy.diffusers.caption_dropout", low_open=False, high_open=False)
+    _one_of(d.vae_latents, "policy.diffusers.vae_latents", ("sample", "mode"))
     _one_of(d.weight_copy_decay_type, "policy.diffusers.weight_copy_decay_type", (0, 1, 2))
     _at_least(d.logit_std, "policy.diffusers.logit_std", 0, strict=True)
     _at_least(d.max_prompt_length, "policy.diffusers.max_prompt_length", 1)
@@ -861,6 +870,8 @@ def _check_diffusers(cfg: Config) -> None:
         _at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)
     s = d.sample
     _one_of(s.solver, "policy.diffusers.sample.solver", _SOLVERS)
+    if s.eval_solver is not None:
+        _one_of(s.eval_solver, "policy.diffusers.sample.eval_solver", _ODE_SOLVERS)
     _at_least(s.num_steps, "policy.diffusers.sample.num_steps", 1)
     _at_least(s.eval_num_steps, "policy.diffusers.sample.eval_num_steps", 1)
     _at_least(s.guidance_scale, "policy.diffusers.sample.guidance_scale", 0)

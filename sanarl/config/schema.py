@@ -50,6 +50,10 @@ class SampleConfig:
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
+    # --- evaluation sampler (exactness, issue 16) ---
+    eval_solver: str | None = None
+    """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
+    references evaluate): euler | dpm2; None = `solver` when it is an ODE solver, else euler."""
 
 
 @dataclass
@@ -93,6 +97,10 @@ class DiffusersConfig:
     (tiny word-level models set false)."""
     caption_dropout: float = 0.0
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
+    # --- exactness (issue 16) ---
+    vae_latents: str = "sample"
+    """Training latents of a VAE with a posterior (SD3): "sample" draws z = mean + std eps with eps from the step's
+    seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 
@@ -194,7 +202,7 @@ class RemoteRewardConfig:
 
 @dataclass
 class SoarConfig:
-    """`[train.train_policy.soar]`: SOAR self-correction (ALGORITHMS.md section 6)."""
+    """`[train.train_policy.soar]`: SOAR self-correction (docs/algorithms.md, "SOAR")."""
 
     lambda_aux: float = 1.0
     """Weight of the auxiliary corrective loss."""
@@ -212,6 +220,10 @@ class SoarConfig:
     """CFG weight of the rollout velocity (computed without gradient)."""
     sigma_upper_ratio: float = 1.5
     """Auxiliary sigmas are drawn from U[s1, min(ratio * s0, 1)] (the public code hard-codes 1; sanarl honours it)."""
+    # --- exactness (issue 16) ---
+    boundary_aux_points: bool = True
+    """Samples at the t1 = 0 boundary keep the ODE path's auxiliary points, as HY-SOAR; false drops them (their
+    targets (z' - z0) / s' divide the rollout error by s' near 0; docs/algorithms.md, "SOAR")."""
 
 
 @dataclass

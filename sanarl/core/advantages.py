@@ -1,4 +1,5 @@
-"""Advantages and reward combination (ALGORITHMS.md section 5, and the NFT `adv_mode` of section 2).
+"""Advantages and reward combination (docs/algorithms.md, "Advantages and reward
+combination", and the NFT `adv_mode` of "DiffusionNFT").
 
 Everything here is a pure function of tensors (plus one small stateful tracker whose state is only the statistics
 of its last call). NaN rewards are never handled silently: `nan_mask` finds them, and callers drop those samples
@@ -104,7 +105,7 @@ def clip_advantages(adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
 
 
 def nft_adv_transform(adv: torch.Tensor, mode: str, clip_max: float) -> torch.Tensor:
-    """DiffusionNFT advantage transform (ALGORITHMS.md section 2, `adv_mode`); any shape, same shape out.
+    """DiffusionNFT advantage transform (docs/algorithms.md, "DiffusionNFT", `adv_mode`); any shape, same shape out.
 
     all: clamp(A, -C, C); positive_only: clamp(A, 0, C); negative_only: clamp(A, -C, 0); one_only: 1[A > 0];
     binary: sign(A). C = `clip_max` (> 0).
@@ -191,7 +192,7 @@ def combine_rewards(
     clip_min: float | None = None,
     clip_max: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Multi-reward combiner (ALGORITHMS.md section 5).
+    """Multi-reward combiner (docs/algorithms.md, "Advantages and reward combination").
 
     total = clamp(sum_i clamp(scores[key_i], clip_min_i, clip_max_i) * weight_i, clip_min, clip_max) * scale.
     `scores` maps score keys to `[B]` tensors. Returns `(total [B], per_key)`, where per_key maps each reward name

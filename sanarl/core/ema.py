@@ -1,7 +1,8 @@
-"""Weight averages: the EMA of the trained weights and the DiffusionNFT old-policy decay (ALGORITHMS.md 2.4-2.5).
+"""Weight averages: the EMA of the trained weights and the DiffusionNFT old-policy decay (docs/algorithms.md,
+"DiffusionNFT").
 
-- ``EMA``: float32 shadow copies, ``decay_k = min((1 + k) / (10 + k), ema_decay)`` (a warm-up that starts at 0.1
-  and rises towards ``ema_decay``), ``ema += (1 - decay_k) (p - ema)``, used for evaluation and export only.
+- ``EMA``: float32 shadow copies, ``decay_k = min((1 + k) / (10 + k), ema_decay)`` (a warm-up that rises towards
+  ``ema_decay``; the runner's k counts optimizer steps from 1, so the first decay is 2/11 as in the references), ``ema += (1 - decay_k) (p - ema)``, used for evaluation and export only.
 - ``decay_old_weights`` / ``old_weight_decay``: the behaviour policy ``theta_old <- d theta_old + (1 - d) theta``
   with the schedules of DiffusionNFT (arXiv 2509.16117).
 
@@ -27,8 +28,9 @@ class EMA:
     Args:
         named_params: ``(name, tensor)`` pairs; their current values initialise the average.
         decay: ``ema_decay``, the cap of the warm-up decay.
-        interval: ``ema_update_step_interval``; the average is updated after step k when
-            ``(k + 1) % interval == 0`` (k is 0-based, as in DiffusionNFT's EMA wrapper); 0 or 1 = every step.
+        interval: ``ema_update_step_interval``; the average is updated at step k when ``(k + 1) % interval == 0``,
+            as in DiffusionNFT's EMA wrapper; 0 or 1 = every step. The runner passes k = the optimizer steps done
+            (1 after the first update), the global step the references pass, so the first decay is 2/11.
     """
 
     def __init__(
@@ -76,7 +78,7 @@ class EMA:
 
     @torch.no_grad()
     def update(self, params: ParamsLike, step: int) -> bool:
-        """Fold the current weights into the average after optimizer step ``step`` (0-based).
+        """Fold the current weights into the average at step ``step`` (the runner: optimizer steps done).
 
         Returns:
             True when the average was updated (``(step + 1) % interval == 0``, or interval <= 1).

@@ -1,4 +1,4 @@
-"""Rectified-flow conventions shared by every model family (ALGORITHMS.md section 0).
+"""Rectified-flow conventions shared by every model family (docs/algorithms.md, "Conventions").
 
 One convention for the whole project:
 

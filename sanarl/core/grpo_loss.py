@@ -1,4 +1,4 @@
-"""Flow-GRPO loss terms (arXiv 2505.05470; ALGORITHMS.md section 4): PPO-clip, the mean-matching KL, and the
+"""Flow-GRPO loss terms (arXiv 2505.05470; docs/algorithms.md, "Flow-GRPO"): PPO-clip, the mean-matching KL, and the
 dropping of groups without signal."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DiffusionNFT training loss (arXiv 2509.16117; ALGORITHMS.md section 2, step 3).
+"""DiffusionNFT training loss (arXiv 2509.16117; docs/algorithms.md, "DiffusionNFT", step 3).
 
 The old-policy weight decay (step 4) lives elsewhere; this module is only the per-batch objective.
 """

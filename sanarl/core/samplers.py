@@ -1,6 +1,6 @@
 """Samplers for rectified flow: pure step functions over ``(x, v, s, s')`` and one sampling loop.
 
-Convention (ALGORITHMS.md section 0): ``x_s = (1 - s) x0 + s eps``, sampling from ``s = 1`` (noise) down to
+Convention (docs/algorithms.md, "Conventions"): ``x_s = (1 - s) x0 + s eps``, sampling from ``s = 1`` (noise) down to
 ``s = 0``, velocity ``v ~ eps - x0``, clean estimate ``x0_hat = x - s v``. Every step function takes ``s`` and
 ``s'`` (``s' < s``) as Python floats or ``[B]`` tensors and does its arithmetic in float32; the new state comes
 back in ``x.dtype``.
@@ -10,11 +10,12 @@ Solvers:
 - ``euler``: ``x' = x + v (s' - s)``.
 - ``dpm2``: DPM-Solver++(2M) (Lu et al. 2022, arXiv 2211.01095, Alg. 2 "midpoint" form) on the x0 prediction.
 - ``flow_sde``: the Flow-GRPO reverse SDE step with Gaussian log-probabilities (arXiv 2505.05470, eq. 9-10).
-- ``cps``: the coefficient-preserving variant of the stochastic step (ALGORITHMS.md section 4).
+- ``cps``: the coefficient-preserving variant of the stochastic step (docs/algorithms.md, "CPS step").
 
-Log-probabilities are means over every non-batch dimension (C, H, W and T for video), shape ``[B]``, and keep
-all constant terms (the exact Gaussian log-density divided by the number of elements). Where the transition std
-is 0 (eta = 0, or CPS landing on s' = 0) the step is deterministic and its log-prob is reported as 0.
+Log-probabilities are means over every non-batch dimension (C, H, W and T for video), shape ``[B]``: for
+``flow_sde`` the exact Gaussian log-density with all constants, divided by the number of elements; for ``cps``
+Flow-GRPO's ``-(x' - mean)^2`` score. Where the transition std is 0 (eta = 0, or CPS landing on s' = 0) the step
+is deterministic and its log-prob is 0.
 
 This module imports nothing else of sanarl.
 """
@@ -174,20 +175,12 @@ def dpm2_step(
 # stochastic steps
 
 
-def _finish_stochastic(
-    x: Tensor,
-    mean: Tensor,
-    trans_std: Tensor,
-    noise: Tensor | None,
-    generator: GeneratorLike,
-    x_next: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    """Draw (or take) ``x' ~ N(mean, trans_std^2)`` and evaluate its log-prob; ``trans_std`` is ``[B, 1, ...]``."""
-    if x_next is None:
-        eps = draw_noise(mean, generator) if noise is None else noise.to(mean.device, torch.float32)
-        x_next = (mean + trans_std * eps).to(x.dtype)
-    logp = gaussian_log_prob(x_next.detach(), mean, _per_sample(trans_std, x.shape[0]))
-    return x_next, logp
+def _draw_next(
+    x: Tensor, mean: Tensor, trans_std: Tensor, noise: Tensor | None, generator: GeneratorLike
+) -> Tensor:
+    """Draw ``x' ~ N(mean, trans_std^2)`` in ``x.dtype``; ``trans_std`` is ``[B, 1, ...]``."""
+    eps = draw_noise(mean, generator) if noise is None else noise.to(mean.device, torch.float32)
+    return (mean + trans_std * eps).to(x.dtype)
 
 
 def flow_sde_step(
@@ -202,7 +195,8 @@ def flow_sde_step(
     generator: GeneratorLike = None,
     x_next: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Flow-GRPO reverse-SDE step (arXiv 2505.05470 eq. 9; ALGORITHMS.md section 4), ``dt = s' - s < 0``::
+    """Flow-GRPO reverse-SDE step (arXiv 2505.05470 eq. 9; docs/algorithms.md, "Flow-GRPO SDE step"),
+    ``dt = s' - s < 0``::
 
         std  = eta * sqrt(s / (1 - (s if s < 1 else s_first_next)))
         mean = x (1 + std^2 dt / (2 s)) + v (1 + std^2 (1 - s) / (2 s)) dt
@@ -233,7 +227,10 @@ def flow_sde_step(
     denom = 1 - torch.where(s_b >= 1, torch.full_like(s_b, s_first_next), s_b)
     std = eta * torch.sqrt(s_b / denom)
     mean = xf * (1 + std**2 / (2 * s_b) * dt) + vf * (1 + std**2 * (1 - s_b) / (2 * s_b)) * dt
-    x_next, logp = _finish_stochastic(x, mean, std * torch.sqrt(-dt), noise, generator, x_next)
+    trans_std = std * torch.sqrt(-dt)
+    if x_next is None:
+        x_next = _draw_next(x, mean, trans_std, noise, generator)
+    logp = gaussian_log_prob(x_next.detach(), mean, _per_sample(trans_std, x.shape[0]))
     return x_next, logp, mean, _per_sample(std, x.shape[0])
 
 
@@ -249,7 +246,7 @@ def cps_step(
     generator: GeneratorLike = None,
     x_next: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Coefficient-preserving stochastic step (ALGORITHMS.md section 4, "CPS")::
+    """Coefficient-preserving stochastic step (docs/algorithms.md, "CPS step")::
 
         std    = s' sin(eta pi / 2)
         x0_hat = x - s v ;  x1_hat = x + (1 - s) v
@@ -260,9 +257,10 @@ def cps_step(
     velocity the marginal of ``x_{s'}`` is preserved. eta = 0 is the deterministic DDIM-like step.
 
     Same arguments and outputs as ``flow_sde_step`` (``s_first_next`` is accepted and unused). Here ``std`` is the
-    transition std itself. The log-prob keeps all constants (the exact Gaussian log-density, mean over non-batch
-    dims), so it is on the same scale as ``flow_sde_step``'s; Flow-GRPO's reference keeps only ``-(x' - mean)^2``,
-    so its clip range does not carry over one to one. Landing on s' = 0 the step is deterministic: log-prob 0.
+    transition std itself. The log-prob is Flow-GRPO's CPS score ``-mean_elems (x' - mean)^2``: the Gaussian
+    log-density without its constants and without the ``1 / (2 std^2)`` factor, the scale the published CPS
+    ``clip_range`` (1e-5) is set on (docs/algorithms.md, "CPS step"). Landing on s' = 0 the step is deterministic
+    (``x' = mean``): log-prob 0.
     """
     del s_first_next
     if eta < 0:
@@ -274,7 +272,9 @@ def cps_step(
     x0_hat = xf - s_b * vf
     x1_hat = xf + (1 - s_b) * vf
     mean = (1 - sn_b) * x0_hat + torch.sqrt((sn_b**2 - std**2).clamp(min=0)) * x1_hat
-    x_next, logp = _finish_stochastic(x, mean, std, noise, generator, x_next)
+    if x_next is None:
+        x_next = _draw_next(x, mean, std, noise, generator)
+    logp = -_mean_nonbatch((x_next.detach().to(torch.float32) - mean) ** 2)
     return x_next, logp, mean, _per_sample(std, x.shape[0])
 
 

@@ -1,4 +1,4 @@
-"""Draft selection for the Sol-RL rollout families (ALGORITHMS.md section 3).
+"""Draft selection for the Sol-RL rollout families (docs/algorithms.md, "Sol-RL rollout families").
 
 From M scored drafts of one prompt, keep k. Every mode returns exactly k distinct indices, sorted in increasing
 order, as a CPU LongTensor (index CUDA tensors with it directly). Ties are broken by index: among equal rewards
@@ -11,6 +11,9 @@ Modes:
 - mean_deviation: the k drafts with the largest `|r - mean(r)|`.
 - extremes_random: `h = k // 2` drafts by best_worst(h) (the extremes), then the other `k - h` uniformly without
   replacement from the drafts not yet chosen (the middle). With k = 1 this is one random draft.
+
+Unscorable drafts (NaN reward): `select_scorable` chooses among the scorable drafts only, and keeps NaN drafts only
+when fewer than k drafts are scorable (then every scorable one is kept, plus the first NaN ones).
 """
 
 from __future__ import annotations
@@ -75,3 +78,23 @@ def select_indices(
     else:
         idx = _extremes_random(r, k, generator)
     return torch.sort(idx).values
+
+
+def select_scorable(
+    rewards: torch.Tensor, k: int, mode: str, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """`select_indices` over the drafts with a finite reward; a NaN draft is never kept while a scorable one is
+    left out. rewards `[M]` (NaN = unscorable). Returns k distinct sorted indices (LongTensor)."""
+    if rewards.ndim != 1:
+        raise ValueError(f"select_scorable needs rewards of shape [M], got {tuple(rewards.shape)}.")
+    nan = torch.isnan(rewards.detach().cpu())
+    scorable = (~nan).nonzero().flatten()
+    if len(scorable) >= k:
+        chosen = scorable[select_indices(rewards.detach().cpu()[scorable], k, mode, generator=generator)]
+    else:
+        if k > rewards.shape[0]:
+            raise ValueError(
+                f"cannot keep k={k} of {rewards.shape[0]} drafts: k must be in [1, {rewards.shape[0]}]."
+            )
+        chosen = torch.cat([scorable, nan.nonzero().flatten()[: k - len(scorable)]])
+    return torch.sort(chosen).values

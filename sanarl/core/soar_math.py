@@ -1,4 +1,4 @@
-"""SOAR self-correction targets (HY-SOAR, arXiv 2604.12617; ALGORITHMS.md section 6).
+"""SOAR self-correction targets (HY-SOAR, arXiv 2604.12617; docs/algorithms.md, "SOAR").
 
 Convention: `z_s = (1 - s) z0 + s z1` with z1 the noise, s = 1 pure noise. From the training point `z_s0` one
 sampling step (to `s1 < s0`) gives `z1'`; re-noising `z1'` toward the same noise z1 at levels `s' in [s1, s_up]`

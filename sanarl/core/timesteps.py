@@ -1,4 +1,4 @@
-"""Training timestep densities and loss weights (ALGORITHMS.md section 1; SD3, Esser et al. 2024, sec. 3.1).
+"""Training timestep densities and loss weights (docs/algorithms.md, "SFT"; SD3, Esser et al. 2024, sec. 3.1).
 
 ``sample_u`` draws ``u`` in (0, 1) from a density, ``u_to_sigma`` maps it onto the model's (shifted) grid, and
 ``loss_weight`` gives the per-sample weight ``w(s)`` of the flow-matching loss. Schemes:

@@ -1,4 +1,4 @@
-"""Bucketed image-caption dataset plugin for SOAR (HY-SOAR's data layout; ALGORITHMS.md section 6).
+"""Bucketed image-caption dataset plugin for SOAR (HY-SOAR's data layout; docs/algorithms.md, "SOAR").
 
 Usage: `sanarl --config PRESET sanarl.datasets.soar_jsonl` with `train.train_policy.dataset.local_dir` set.
 

@@ -1,8 +1,9 @@
 """The model seam: one small interface every family adapter implements.
 
 Runners and tasks only talk to `DiffusionAdapter`; timestep scaling, text masks, pooled embeddings, latent
-normalisation and CFG batching live inside the family adapters (sana.py, ...). Conventions (ALGORITHMS.md section 0):
-images are float [B, 3, H, W] in [0, 1]; `velocity(x_s, s, cond)` predicts `eps - x0` at noise level `s` in [0, 1].
+normalisation and CFG batching live inside the family adapters (sana.py, ...). Conventions (docs/algorithms.md,
+"Conventions"): images are float [B, 3, H, W] in [0, 1]; `velocity(x_s, s, cond)` predicts `eps - x0` at noise
+level `s` in [0, 1].
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ class DiffusionAdapter(ABC):
     @abstractmethod
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """The raw model call with the family's timestep scaling and conditioning."""
+
+    latent_sampling: bool = False
+    """True when `encode_images` draws from the encoder's posterior (SD3 with `vae_latents = "sample"`): training
+    tasks then pass `noise=` (standard normal, the latents' shape) from their seeded generator."""
 
     @abstractmethod
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Stable Diffusion 3 / 3.5 adapter (diffusers `StableDiffusion3Pipeline`: MMDiT, AutoencoderKL, CLIP-L + CLIP-G + T5).
 
-What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (ALGORITHMS.md section 0):
+What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (docs/algorithms.md, "Conventions"):
 
 - Prompts: `pipeline.encode_prompt` itself. Token embeddings [B, 77 + L, 4096] are the two CLIPs' penultimate hidden
   states concatenated on features (768 + 1280), zero-padded to T5's width and stacked on the sequence axis with T5's
@@ -10,9 +10,10 @@ What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (
 - Model call: `transformer(x, encoder_hidden_states, pooled_projections, timestep=1000 * s)`; the pipeline's
   timesteps are the scheduler's sigmas times `num_train_timesteps = 1000` (floats) and its output is the velocity
   `eps - x0` of `x_s = (1 - s) x0 + s eps` (FlowMatchEulerDiscreteScheduler steps `x + v (s' - s)`).
-- Latents: `z = (mode(vae.encode(2x - 1)) - shift_factor) * scaling_factor` and the inverse on decode. The mode (the
-  posterior mean) rather than a sample: the posterior std of SD3's VAE is tiny, and the mode makes data encoding a
-  deterministic function of the image (the random draws of a step stay in sanarl's seeded generators).
+- Latents: `z = (E(2x - 1) - shift_factor) * scaling_factor` and the inverse on decode, where E draws from the
+  encoder's posterior `mean + std eps` as the references (training tasks pass eps from the step's seeded generator,
+  so resume and micro-batch splits stay exact); without `noise`, or with `policy.diffusers.vae_latents = "mode"`,
+  E is the posterior mean.
 - Grid shift: the scheduler's `shift` (3.0 for SD3.5), applied once to the sigma grid.
 - SD3.5-Medium vs SD3.5-Large (docs/sd35.md): the same pipeline class and adapter. Medium's MMDiT has dual-attention
   blocks (`dual_attention_layers` 0-12: a second, image-only attention `attn2` per block), Large has none (38 plain
@@ -62,6 +63,7 @@ class SD3Adapter(DiffusionAdapter):
     ) -> None:
         super().__init__()
         self._bind(pipeline, policy, device)
+        self.latent_sampling = policy.diffusers.vae_latents == "sample"
         self.text_encoders = nn.ModuleList(
             [getattr(pipeline, n) for n in TEXT_ENCODERS if getattr(pipeline, n) is not None]
         )
@@ -115,13 +117,17 @@ class SD3Adapter(DiffusionAdapter):
         )[0]
 
     @torch.no_grad()
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 3, H, W] in [0, 1] -> z [B, C, H/f, W/f] = (mode(E(2x - 1)) - shift) * scale (float32)."""
+    def encode_images(self, images: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """images [B, 3, H, W] in [0, 1] -> z [B, C, H/f, W/f] = (E(2x - 1) - shift) * scale (float32); E is the
+        posterior draw mean + std noise with `noise` [B, C, H/f, W/f] (when `latent_sampling`), else its mean."""
         cfg = self.vae.config
         x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
         with self.resident(self.vae):
-            mean = self.vae.encode(x).latent_dist.mode().float()
-        return (mean - (cfg.shift_factor or 0.0)) * cfg.scaling_factor
+            dist = self.vae.encode(x).latent_dist
+        z = dist.mean.float()
+        if noise is not None and self.latent_sampling:
+            z = z + dist.std.float() * noise.to(z.device, torch.float32)
+        return (z - (cfg.shift_factor or 0.0)) * cfg.scaling_factor
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

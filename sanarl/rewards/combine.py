@@ -2,7 +2,7 @@
 
 `RewardFunction` builds each configured reward once, scores a batch with all of them, picks each entry's
 `score_key` (empty = the reward's `default_key`) and combines them with `sanarl.core.advantages.combine_rewards`
-(ALGORITHMS.md section 5):
+(docs/algorithms.md, "Advantages and reward combination"):
 
     total = clamp(sum_i clamp(score_i, clip_min_i, clip_max_i) * weight_i, reward_clip_min, reward_clip_max) * scale
 

@@ -1,4 +1,4 @@
-"""JPEG (in)compressibility rewards (ALGORITHMS.md section 7; the DDPO / Flow-GRPO toy rewards).
+"""JPEG (in)compressibility rewards (docs/algorithms.md, "Rewards"; the DDPO / Flow-GRPO toy rewards).
 
 Each image is converted to uint8 RGB (`round(255 x)`) and saved by PIL as JPEG at quality 95; `kb` is the file
 size in kilobytes (bytes / 1000):

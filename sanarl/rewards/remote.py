@@ -16,9 +16,9 @@ retries connection errors, 429 and 5xx with exponential backoff (`retries` times
 for the result (`wait`, a sanarl extension Cosmos-RL's server ignores) and poll until done or the deadline.
 A failed task raises `RemoteRewardError` naming the uuid, the reward and the service's answer.
 
-Combination is the in-process one (sanarl.rewards.combine, ALGORITHMS.md section 5): each entry reads its
-`score_key` (empty = the key the service reports as the reward's default), then clip, weight, sum, final clip,
-scale; samples with non-finite pixels or scores are flagged in `nan_mask`.
+Combination is the in-process one (sanarl.rewards.combine, docs/algorithms.md, "Advantages and reward
+combination"): each entry reads its `score_key` (empty = the key the service reports as the reward's default),
+then clip, weight, sum, final clip, scale; samples with non-finite pixels or scores are flagged in `nan_mask`.
 """
 
 from __future__ import annotations

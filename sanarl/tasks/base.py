@@ -126,6 +126,10 @@ class Task(ABC):
         """Hook after each optimizer step (e.g. old-adapter decay); returns extra metrics."""
         return {}
 
+    def after_resume(self) -> None:  # noqa: B027  (optional hook, deliberately a no-op by default)
+        """Hook after a checkpoint's weights are loaded: rebuild whatever was derived from the weights at set-up
+        (e.g. NFT's inference copies of the old adapter)."""
+
     def _validation_dataset(self):
         """The plugin's validation set, else the training set."""
         dataset = self.plugin.get_val_dataset(self.cfg) if hasattr(self.plugin, "get_val_dataset") else None

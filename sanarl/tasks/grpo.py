@@ -1,25 +1,28 @@
-"""Flow-GRPO and Flow-GRPO-Fast: online RL on the reverse SDE (ALGORITHMS.md sections 4 and 5; arXiv 2505.05470).
+"""Flow-GRPO and Flow-GRPO-Fast: online RL on the reverse SDE (docs/algorithms.md, "Flow-GRPO"; arXiv 2505.05470).
 
-Per optimizer step ("iteration"): roll out K samples per prompt with the *current* policy and the stochastic
-sampler (`sample.solver` flow_sde or cps at eta = `sample.noise_level`), storing for the stochastic steps the states
-x_i, the log-probs log p(x_{i+1} | x_i) and the grid; score, turn rewards into per-prompt advantages (clipped to
+Per rollout: roll out K samples per prompt with the *current* policy and the stochastic sampler (`sample.solver`
+flow_sde or cps at eta = `sample.noise_level`), storing for the stochastic steps the states x_i, the log-probs
+log p(x_{i+1} | x_i) and the grid; score, turn rewards into per-prompt advantages (clipped to
 [advantage_low, advantage_high]), drop the groups whose rewards are all equal (counted as `dropped_groups`), then
 train each kept sample on its trained steps:
 
     logp  = log p_theta(x_{i+1} | x_i)   re-evaluated with x_next = x_{i+1}, same (s_i, s_{i+1}), same guidance
     L     = PPO-clip(logp, logp_rollout, A, clip_range) + kl_beta * mean_B mean_CHW (mu_theta - mu_ref)^2 / (2 std^2)
 
-Old policy: the runner takes exactly one optimizer step per rollout, so the log-probs stored at rollout are the
-"old" ones and every importance ratio is 1 up to numerical noise (the on-policy self-check: the first micro-batch's
-max |ratio - 1| is logged as `ratio_first_dev` and warned about above `ratio_warn_tolerance`).
+Old policy: the log-probs stored at rollout are the "old" ones. The rollout's micro-batches are split over
+`optimizer_steps_per_rollout` optimizer steps (the SD3.5 presets take 2, as flow_grpo): the first step is on-policy
+(every importance ratio is 1 up to numerical noise: the first micro-batch's max |ratio - 1| is logged as
+`ratio_first_dev` and warned about above `ratio_warn_tolerance`), the later ones are off-policy, where the PPO clip
+acts.
 Policy and reference: with `[policy.lora]` the "default" adapter trains and samples, the reference is the base
 (adapters disabled); a full fine-tune keeps a frozen copy of the transformer taken at setup as the reference
-(only when kl_beta > 0: it doubles the transformer's memory).
-Trained steps: without a window every stochastic step whose transition is random (CPS's last step lands on s' = 0
-and is deterministic) is a candidate and each sample trains max(1, int(n * timesteps_fraction)) of them, drawn at
-random per sample. Fast (`sde_window_size` w > 0): each step draws one window [a, a + w), a uniform in
-[r0, r1 - w] for `sde_window_range` = [r0, r1] (the window lies inside steps r0..r1-1, as in the reference code);
-the rollout is Euler outside it and only the window's steps are stored and trained, all of them.
+(only when kl_beta > 0: it doubles the transformer's memory). With CFG in training the guided velocity
+v_u + w (v_c - v_u) comes from one batched forward and carries gradient through both branches.
+Trained steps: without a window, as flow_grpo, every sample trains the grid steps 0 .. int(N * timesteps_fraction)
+- 1 (at least one; CPS's last step lands on s' = 0, is deterministic and never trained). Fast (`sde_window_size`
+w > 0): each rollout draws one window [a, a + w), a uniform in [r0, r1 - w] for `sde_window_range` = [r0, r1] (the
+window lies inside steps r0..r1-1, as in the reference code); the rollout is Euler outside it and only the window's
+steps are stored and trained, all of them.
 With `same_noise_per_group` every sample of a group starts from the group's first seed's noise; the SDE noise
 still comes from each sample's own seed.
 """
@@ -39,11 +42,17 @@ from sanarl.core.advantages import PerPromptStatTracker, clip_advantages
 from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
-from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step, initial_noise, sample_loop
+from sanarl.core.samplers import cps_step, flow_sde_step, initial_noise, sample_loop
 from sanarl.errors import ConfigError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.nft import NFTTask, _reward_metrics, check_steps_per_rollout, load_prompt_dataset
+from sanarl.tasks.nft import (
+    NFTTask,
+    _reward_metrics,
+    check_steps_per_rollout,
+    load_prompt_dataset,
+    set_loss_weights,
+)
 from sanarl.tasks.rollout import PromptGroup
 from sanarl.tasks.sampling import GenerationSpec
 
@@ -94,15 +103,13 @@ def trained_count(candidates: int, fraction: float, windowed: bool) -> int:
     return candidates if windowed else max(1, int(candidates * fraction))
 
 
-def set_loss_weights(batches: list[dict], num_micro: int) -> None:
-    """Give each micro-batch b (`adv` of n_b rows) the weight w_b = n_b * num_micro / sum_b n_b.
-
-    The runner backpropagates sum_b w_b L_b / num_micro (L_b the mean over b's rows; `num_micro` counts zero-weight
-    padding too), which then equals the mean over every (sample, trained step) row even when chunks are uneven.
-    """
-    rows = sum(len(b["adv"]) for b in batches)
-    for b in batches:
-        b["weight"] = len(b["adv"]) * num_micro / rows
+def trained_positions(candidates: list[int], num_steps: int, fraction: float, *, windowed: bool) -> list[int]:
+    """The stored-step positions every sample trains, in rollout order. Fast: every window step. Without a window,
+    as flow_grpo: the first int(num_steps * timesteps_fraction) steps of the grid (at least one), i.e. steps
+    0 .. int(N frac) - 1, never past the random ones (CPS's deterministic last step is not a candidate)."""
+    if windowed:
+        return list(candidates)
+    return list(candidates[: min(len(candidates), trained_count(num_steps, fraction, False))])
 
 
 def check_grpo_config(cfg: Config) -> None:
@@ -303,37 +310,36 @@ class FlowGRPOTask(NFTTask):
         mask: torch.Tensor,
         rng: torch.Generator,
     ) -> list[dict]:
-        """One micro-batch per (chunk of mini_batch kept samples, trained level); steps are random per sample."""
+        """One micro-batch per (chunk of mini_batch kept samples, trained step); every sample trains the same steps
+        (`trained_positions`)."""
         steps = trajectories[0].steps
-        candidates = trainable_positions(steps, self.sigmas, self.spec.solver)
-        windowed = self.cfg.train.train_policy.sde_window_size > 0
-        trained = trained_count(len(candidates), self.cfg.policy.diffusers.timesteps_fraction, windowed)
+        positions = trained_positions(
+            trainable_positions(steps, self.sigmas, self.spec.solver),
+            self.spec.num_steps,
+            self.cfg.policy.diffusers.timesteps_fraction,
+            windowed=self.cfg.train.train_policy.sde_window_size > 0,
+        )
         rows = mask.nonzero().squeeze(1)
         if len(rows) == 0:
             return []
         states = torch.cat([t.states for t in trajectories])[rows]
         old = torch.cat([t.log_probs for t in trajectories])[rows]
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(rows)
-        pool = torch.tensor(candidates)
-        order = torch.stack(
-            [pool[torch.randperm(len(pool), generator=rng)[:trained]] for _ in range(len(rows))]
-        )
-        grid_index = torch.tensor(steps)
         n, mb = len(rows), self.cfg.train.train_policy.mini_batch
         batches = []
         for start in range(0, n, mb):
             idx = torch.arange(start, min(start + mb, n))
-            for level in range(trained):
-                j = order[idx, level]
-                i = grid_index[j]
+            for j in positions:
+                i = steps[j]
                 batches.append(
                     {
                         "x": states[idx, j],
                         "x_next": states[idx, j + 1],
-                        "s": self.sigmas[i],
-                        "s_next": self.sigmas[i + 1],
+                        "s": self.sigmas[i].expand(len(idx)).clone(),
+                        "s_next": self.sigmas[i + 1].expand(len(idx)).clone(),
                         "old_log_prob": old[idx, j],
                         "adv": adv[rows[idx]],
+                        "chunk": start // mb,
                         "cond": cond.select(idx),
                         "weight": 1.0,
                     }
@@ -394,13 +400,10 @@ class FlowGRPOTask(NFTTask):
         return loss, metrics
 
     def _policy_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        """v_theta as at rollout: with CFG (and cfg_in_training) v_u + w (v_c - v_u), the uncond branch detached."""
-        w, uncond = self.spec.guidance_scale, self.engine.uncond
-        if w == 1.0 or uncond is None or not self.cfg.train.train_policy.cfg_in_training:
-            return self.adapter.velocity(x, s, cond)
-        with torch.no_grad():
-            v_u = self.adapter.velocity(x, s, uncond.expand_to(len(x)))
-        return cfg_velocity(v_u, self.adapter.velocity(x, s, cond), w)
+        """v_theta as at rollout: with CFG (and cfg_in_training) v_u + w (v_c - v_u) from one batched forward,
+        differentiable through both branches (the guided sampler is the policy, docs/algorithms.md "Flow-GRPO")."""
+        w = self.spec.guidance_scale if self.cfg.train.train_policy.cfg_in_training else 1.0
+        return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w)
 
     @torch.no_grad()
     def _reference_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
@@ -452,7 +455,8 @@ class FlowGRPOTask(NFTTask):
              f" = {per_rank} samples per rank"),
             ("rollout", f"{sample.solver} eta {sample.noise_level}, {n} steps, {sde}, guidance "
              f"{sample.guidance_scale}, current policy" + (", one initial noise per group" if tp.same_noise_per_group else "")),
-            ("trained steps", f"{trained} per sample ({trained_why}); groups with equal rewards dropped"),
+            ("trained steps", f"{trained} per sample ({trained_why})" + ("" if tp.sde_window_size > 0 else
+             f", grid steps 0 .. {trained - 1}") + "; groups with equal rewards dropped"),
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained} trained steps = "
              f"{(per_rank // mb) * trained} backward passes (at most)"),
             ("loss", f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL to the {ref}"),
@@ -470,8 +474,12 @@ def _trained_plan(cfg: Config) -> tuple[int, str]:
     ):  # every window step is random (cps windows exclude the deterministic last step)
         return tp.sde_window_size, "every window step"
     candidates = sample.num_steps - int(sample.solver == "cps")  # cps's last step to s' = 0 is deterministic
-    fraction = cfg.policy.diffusers.timesteps_fraction
-    return trained_count(candidates, fraction, False), f"max(1, int({candidates} x {fraction}))"
+    fraction, n = cfg.policy.diffusers.timesteps_fraction, sample.num_steps
+    count = min(candidates, trained_count(n, fraction, False))
+    return (
+        count,
+        f"max(1, int({n} x {fraction}))",
+    )
 
 
 class _RatioMonitor:

@@ -1,4 +1,5 @@
-"""Inference copies of the behaviour policy for Sol-RL's rollout families (ALGORITHMS.md section 3).
+"""Inference copies of the behaviour policy for Sol-RL's rollout families (docs/algorithms.md, "Sol-RL rollout
+families").
 
 An inference copy is a separate transformer whose linear layers carry the "old" adapter merged into their weights
 (W = W_base + scale * B_old A_old), optionally quantized (sanarl/tasks/quantize.py: transformer-engine FP8 / NVFP4,

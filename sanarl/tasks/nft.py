@@ -1,4 +1,4 @@
-"""DiffusionNFT: online RL on the forward process (ALGORITHMS.md section 2; arXiv 2509.16117).
+"""DiffusionNFT: online RL on the forward process (docs/algorithms.md, "DiffusionNFT"; arXiv 2509.16117).
 
 Per optimizer step ("iteration"): roll out K samples per prompt with the old adapter (CFG-free ODE by default),
 score them, turn rewards into per-prompt advantages, then for every kept sample train on
@@ -122,8 +122,8 @@ class NFTTask(Task):
 
     def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         """The micro-batches of optimizer step `step`. With `optimizer_steps_per_rollout` = k, rollout r serves
-        optimizer steps r k ... r k + k - 1, each taking one contiguous k-th of the rollout's shuffled micro-batches
-        (rollout metrics are reported on the step that samples)."""
+        optimizer steps r k ... r k + k - 1, each taking a k-th of the rollout's sample chunks with all their
+        trained levels (`split_updates`; rollout metrics are reported on the step that samples)."""
         k = self.cfg.train.train_policy.optimizer_steps_per_rollout
         rollout_step, part = divmod(step, k)
         if part == 0 or self._pending is None or self._pending[0] != rollout_step:
@@ -136,23 +136,24 @@ class NFTTask(Task):
                     k,
                     k,
                 )
-            batches = self._rollout_batches(rollout_step, rng)
-            if k > 1:  # each optimizer step sees a random subset of rows and levels
-                batches = [batches[i] for i in torch.randperm(len(batches), generator=rng).tolist()]
-            self._pending = (rollout_step, batches)
+            self._pending = (rollout_step, split_updates(self._rollout_batches(rollout_step, rng), k, rng))
         else:
             self.last_metrics = {}
-        return self._finish_chunk(split_even(self._pending[1], k)[part])
+        return self._finish_chunk(self._pending[1][part])
 
     def _finish_chunk(self, batches: list[dict]) -> list[dict]:
-        """The micro-batches of one optimizer step, as the runner gets them. With several ranks every rank must run
-        as many backward passes (DDP / FSDP communicate in each), but NaN rewards can drop different numbers of
-        samples per rank: pad with zero-weight micro-batches (zero latents, so even NaN rollouts pad safely)."""
+        """The micro-batches of one optimizer step, as the runner gets them, weighted so that the step's loss is the
+        mean over its (sample, level) rows whatever the chunking (after NaN drops the last chunk is shorter; its
+        rows must not weigh more). With several ranks every rank must run as many backward passes (DDP / FSDP
+        communicate in each), but NaN rewards can drop different numbers of samples per rank: pad with zero-weight
+        micro-batches (zero latents, so even NaN rollouts pad safely)."""
         if self.world == 1:
+            set_loss_weights(batches, len(batches))
             return batches
         from accelerate.utils import gather
 
         most = int(gather(torch.tensor([len(batches)], device=self.adapter.device)).max())
+        set_loss_weights(batches, most)
         if most == len(batches):
             return batches
         group = self.last_groups[0]
@@ -204,6 +205,7 @@ class NFTTask(Task):
                         "t": levels[order[rows, j]],
                         "eps": eps[j, rows],
                         "adv": adv[rows],
+                        "chunk": start // mb,
                     }
                 )
         return batches
@@ -245,18 +247,24 @@ class NFTTask(Task):
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:
         """After the last optimizer step of a rollout (`step` = optimizer steps done): theta_old <- d theta_old +
-        (1 - d) theta, d = decay(rollouts done, weight_copy_decay_type); refresh the inference copies."""
+        (1 - d) theta, d = decay(optimizer steps done, weight_copy_decay_type), counted in optimizer steps as
+        DiffusionNFT's global step; refresh the inference copies."""
         k = self.cfg.train.train_policy.optimizer_steps_per_rollout
         if step % k:
             return {}
         module = self.adapter.trainable_module()
-        decay = old_weight_decay(step // k, self.cfg.policy.diffusers.weight_copy_decay_type)
+        decay = old_weight_decay(step, self.cfg.policy.diffusers.weight_copy_decay_type)
         old = adapter_parameters(module, "old")
         new = adapter_parameters(module, "default")
         pairs = [(old[k], new[k.replace(".old.", ".default.")]) for k in old]
         decay_old_weights([o for o, _ in pairs], [n.detach() for _, n in pairs], decay)
         self.engine.refresh()
         return {"old_decay": decay}
+
+    def after_resume(self) -> None:
+        """The inference copies were merged from the set-up weights: refresh them from the restored old adapter, so
+        the first rollout after a resume samples from the same theta_old as an uninterrupted run."""
+        self.engine.refresh()
 
     def _maybe_save_grid(self, step: int, groups: list[PromptGroup]) -> None:
         every = self.cfg.logging.multi_modal_log_interval
@@ -307,13 +315,38 @@ class NFTTask(Task):
         return rows
 
 
-def split_even(items: list[dict], parts: int) -> list[list[dict]]:
+def split_updates(batches: list[dict], k: int, rng: torch.Generator) -> list[list[dict]]:
+    """A rollout's micro-batches for its k optimizer steps. As flow_grpo and DiffusionNFT, an update takes whole
+    sample chunks with all their trained levels: the chunks (micro-batches sharing `chunk`) are shuffled and cut into
+    k contiguous parts whose chunk counts differ by at most one."""
+    if k == 1:
+        return [batches]
+    chunks: dict[int, list[dict]] = {}
+    for batch in batches:
+        chunks.setdefault(batch["chunk"], []).append(batch)
+    groups = list(chunks.values())
+    order = torch.randperm(len(groups), generator=rng).tolist()
+    return [[b for group in part for b in group] for part in split_even([groups[i] for i in order], k)]
+
+
+def split_even(items: list, parts: int) -> list[list]:
     """`items` cut into `parts` contiguous chunks whose sizes differ by at most one (earlier chunks larger)."""
     size, extra = divmod(len(items), parts)
     bounds = [0]
     for p in range(parts):
         bounds.append(bounds[-1] + size + (1 if p < extra else 0))
     return [items[bounds[p] : bounds[p + 1]] for p in range(parts)]
+
+
+def set_loss_weights(batches: list[dict], num_micro: int) -> None:
+    """Give each micro-batch b (`adv` of n_b rows) the weight w_b = n_b * num_micro / sum_b n_b.
+
+    The runner backpropagates sum_b w_b L_b / num_micro (L_b the mean over b's rows; `num_micro` counts zero-weight
+    padding too), which then equals the mean over every (sample, trained step) row even when chunks are uneven.
+    """
+    rows = sum(len(b["adv"]) for b in batches)
+    for b in batches:
+        b["weight"] = len(b["adv"]) * num_micro / rows
 
 
 def check_steps_per_rollout(cfg: Config) -> None:

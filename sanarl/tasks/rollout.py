@@ -1,4 +1,5 @@
-"""Rollouts for reward-based tasks, with Sol-RL's families (ALGORITHMS.md sections 2.1 and 3).
+"""Rollouts for reward-based tasks, with Sol-RL's families (docs/algorithms.md, "DiffusionNFT" and "Sol-RL rollout
+families").
 
 For each prompt of the step, K kept samples are produced by the configured family:
   diffusionnft   K seeds with the old adapter at N steps
@@ -7,7 +8,8 @@ For each prompt of the step, K kept samples are produced by the configured famil
   naive_quant    M seeds with a quantized (compiled) copy at N steps, keep K (trains on quantized samples)
   sol_rl         M seeds with the quantized preview copy at `preview_step` steps, keep K seeds, regenerate exactly
                  those seeds with the full-precision copy at N steps (the regenerated samples are scored again)
-Seeds are explicit (one generator per sample), so a kept seed regenerates its draft exactly. Scoring runs on a
+Seeds are explicit (one generator per sample), so a kept seed regenerates its draft exactly. Unscorable drafts
+(NaN reward) are kept only when fewer than K drafts of the prompt are scorable. Scoring runs on a
 thread pool: prompt p+1 is sampled while prompt p is scored.
 """
 
@@ -24,7 +26,7 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.core.lora import using_adapter
-from sanarl.core.selection import select_indices
+from sanarl.core.selection import select_scorable
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.rewards.combine import RewardFunction, RewardResult
 from sanarl.rewards.pool import RewardPool
@@ -165,9 +167,9 @@ class RolloutEngine:
         groups = [self._keep(d, r) for d, r in zip(drafts, results, strict=True)]
         metrics = {"time_rollout_search": t1 - t0, "rollout_images": float(sum(len(d[3]) for d in drafts))}
         if self.family == "sol_rl":
+            metrics["reward_preview_kept_mean"] = kept_mean(groups)  # the kept drafts' preview rewards
             groups = self._regenerate(groups)
             metrics["rollout_images"] += sum(len(g.seeds) for g in groups)
-            metrics["reward_preview_kept_mean"] = float(np.mean([r.total.mean().item() for r in results]))
         metrics["time_rollout"] = time.perf_counter() - t0
         return groups, metrics
 
@@ -198,10 +200,9 @@ class RolloutEngine:
         prompt, meta, cond, seeds, latents, images, _ = draft
         if self.m == self.k:
             return PromptGroup(prompt, meta, cond, seeds, latents, images, result)
-        order = result.total.clone()
-        finite = order[~result.nan_mask]
-        order[result.nan_mask] = (finite.min() - 1.0) if len(finite) else 0.0  # unscorable drafts rank last
-        keep = select_indices(order, self.k, self.cfg.rollout.selection).tolist()
+        total = torch.where(result.nan_mask, torch.full_like(result.total, float("nan")), result.total)
+        pick = torch.Generator().manual_seed(int(seeds[0]))  # the random modes: a pure function of the group
+        keep = select_scorable(total, self.k, self.cfg.rollout.selection, generator=pick).tolist()
         kept = RewardResult(
             result.total[keep],
             {k: v[keep] for k, v in result.per_key.items()},
@@ -225,6 +226,13 @@ class RolloutEngine:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close(wait=False, cancel_pending=True)
+
+
+def kept_mean(groups: list[PromptGroup]) -> float:
+    """Mean reward of the kept samples that have one (NaN rewards left out; NaN only if none has one)."""
+    total = torch.cat([g.reward.total for g in groups])
+    finite = total[~torch.cat([g.reward.nan_mask for g in groups]) & torch.isfinite(total)]
+    return float(finite.mean()) if len(finite) else float("nan")
 
 
 class _Ready:

@@ -198,6 +198,7 @@ class Runner:
                 "export (docs/multi-gpu.md, 'Resuming')."
             )
         self.task.load_state_tensors(tensors["model"])  # FSDP: every rank keeps its shard
+        self.task.after_resume()  # e.g. inference copies re-merged from the restored weights
         load_optimizer_state(self.acc, self.wrapped, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and "ema" in tensors:
@@ -230,8 +231,8 @@ class Runner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         sums.update(self.task.after_optimizer_step(step + 1))
-        if self.ema is not None:
-            self.ema.update(self.params, step)
+        if self.ema is not None:  # the references pass their global step after counting this update (1 first)
+            self.ema.update(self.params, step + 1)
         t2 = time.perf_counter()
         samples = self.cfg.train.train_batch_per_replica
         sums.update(

@@ -30,12 +30,19 @@ class GenerationSpec:
     def from_sample_config(
         cls, sample: SampleConfig, adapter: DiffusionAdapter, size: list[int], *, evaluation: bool
     ) -> GenerationSpec:
-        deterministic = sample.deterministic_sampling and sample.solver in ("flow_sde", "cps")
+        """Rollouts: `solver` at `noise_level` (its ODE with `deterministic_sampling`). Evaluation (validation,
+        held-out rewards, `sanarl eval`): always a noise-free ODE, `eval_solver` or the rollout solver's ODE
+        (docs/algorithms.md, "Evaluation sampler")."""
+        stochastic = sample.solver in ("flow_sde", "cps")
+        if evaluation:
+            solver = sample.eval_solver or ("euler" if stochastic else sample.solver)
+        else:
+            solver = "euler" if stochastic and sample.deterministic_sampling else sample.solver
         return cls(
             num_steps=sample.eval_num_steps if evaluation else sample.num_steps,
             guidance_scale=sample.guidance_scale,
-            solver="euler" if deterministic else sample.solver,
-            eta=0.0 if deterministic else sample.noise_level,
+            solver=solver,
+            eta=sample.noise_level if solver in ("flow_sde", "cps") else 0.0,
             shift=sample.flow_shift if sample.flow_shift is not None else adapter.shift_for(*size),
             height=size[0],
             width=size[1],

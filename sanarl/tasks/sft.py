@@ -1,4 +1,4 @@
-"""SFT and LoRA-SFT: flow matching on (image, caption) pairs (ALGORITHMS.md section 1).
+"""SFT and LoRA-SFT: flow matching on (image, caption) pairs (docs/algorithms.md, "SFT").
 
 loss = mean_B( w(s) * mean_CHW (v_theta(x_s, s, c) - (eps - x0))^2 ),  x_s = (1 - s) x0 + s eps,
 (video: the mean runs over C, T', h, w of the clip latents),
@@ -34,6 +34,21 @@ def draw_flow_matching_noise(
     eps = torch.randn((count, *latent), generator=rng)
     keep = torch.rand(count, generator=rng) >= diff.caption_dropout
     return {"u": u, "eps": eps, "keep_caption": keep}
+
+
+def draw_vae_noise(adapter, count: int, latent: tuple[int, ...], rng: torch.Generator) -> dict:
+    """`{"vae_noise": [B, *latent]}` for an encoder that samples its posterior (`adapter.latent_sampling`), drawn
+    after the step's other randomness; `{}` for deterministic encoders (the streams of those runs stay as they are)."""
+    if not getattr(adapter, "latent_sampling", False):
+        return {}
+    return {"vae_noise": torch.randn((count, *latent), generator=rng)}
+
+
+def encode_media(adapter, media: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Latents of a micro-batch's media, drawn with the batch's `vae_noise` when the encoder samples."""
+    if "vae_noise" in batch:
+        return adapter.encode_images(media, noise=batch["vae_noise"])
+    return adapter.encode_images(media)
 
 
 def media_key(batch: dict, plugin: str) -> str:
@@ -99,12 +114,13 @@ class SFTTask(Task):
         key = media_key(batch, self.plugin.__name__)
         latent = latent_shape_of(self.adapter, batch[key].shape)
         batch.update(draw_flow_matching_noise(self.diff, len(idx), latent, rng))
+        batch.update(draw_vae_noise(self.adapter, len(idx), latent, rng))
         return split_batch(batch, train.train_policy.mini_batch)
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         adapter, diff = self.adapter, self.diff
         media = batch[media_key(batch, self.plugin.__name__)]
-        x0 = adapter.encode_images(media)
+        x0 = encode_media(adapter, media, batch)
         prompts = [
             p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)
         ]

@@ -1,18 +1,22 @@
-"""SOAR: reward-free self-correction on (image, caption) data (HY-SOAR, arXiv 2604.12617; ALGORITHMS.md section 6).
+"""SOAR: reward-free self-correction on (image, caption) data (HY-SOAR, arXiv 2604.12617; docs/algorithms.md,
+"SOAR").
 
 Per sample: z0 = VAE(x), noise z1, u ~ the timestep density, s0 = shift(u), z_s0 = (1 - s0) z0 + s0 z1.
 
     L_main = sum_b w(s0) mse(v_theta(z_s0, s0, c), z1 - z0)          w = 1 for logit_normal / mode / uniform
     v_cfg  = v_u + w_cfg (v_c - v_u) at z_s0, no grad, uncond = ""  (w_cfg = soar.cfg_scale_sampling)
-    t1 = max(u - 1 / num_sampling_steps, 0), s1 = shift(t1); samples with t1 = 0 ("at the boundary") get no aux
+    t1 = max(u - 1 / num_sampling_steps, 0), s1 = shift(t1); samples with t1 = 0 are "at the boundary"
     for each of M paths (path 0: Euler, paths 1..M-1: one `sde_rollout_type` step) z1' = step(z_s0, v_cfg, s0 -> s1)
       for each of P points: s' ~ U[s1, min(ratio s0, 1)], z' = renoise_toward(z1', z1, s1, s'),
-                            L_aux += sum mse(v_theta(z', s', c), (z' - z0) / s')
+                            L_aux += sum w(s') mse(v_theta(z', s', c), (z' - z0) / s')
     loss = (L_main + lambda_aux L_aux) / max(N_main + lambda_aux N_aux, 1)     N_* summed over all ranks
 
-Boundary rule: with t1 = 0 the rollout lands on s1 = 0 and s' ~ U[0, s_up] comes arbitrarily close to 0, where the
-target (z' - z0) / s' divides the rollout's error by s'; so such samples keep only the main loss, every path
-included (N_aux = M P per non-boundary sample, 0 at the boundary), and the fraction is logged.
+Boundary rule (HY-SOAR): a sample with t1 = 0 keeps the ODE path's P points and skips the stochastic paths, so
+N_aux = M P per sample off the boundary and P at it; `soar.boundary_aux_points = false` drops the boundary's points
+too (their target (z' - z0) / s' divides the rollout's error by an s' that can come close to 0). The boundary
+fraction is logged.
+Caption dropout (`policy.diffusers.caption_dropout`), as HY-SOAR: one draw per rank and step replaces every caption
+of the batch by "", for the rollout velocity and the trained forwards alike.
 
 Normalisation with accumulation and data parallelism: the step's counts N_main, N_aux are known before any forward
 (they depend only on the drawn u), so `micro_batches` all-reduces them once and gives every micro-batch the factor
@@ -21,10 +25,10 @@ loss by K and DDP averages gradients over W, so the applied gradient is that of
 sum_{all ranks, all micro-batches} (L_main + lambda_aux L_aux) / max(N_main + lambda_aux N_aux, 1): the same for
 1 x 8 and 4 x 2 micro-batches and for 1 or 2 ranks. The main and auxiliary rows go through one forward.
 
-Per-sample randomness (u, z1, caption dropout, s', the stochastic paths' noise) is drawn for the whole per-rank
-batch in `micro_batches` from the step generator, so any micro-batch split gives the same numbers. Data comes from
-the plugin's `batch_items(step, rank, world, per_rank)` hook when its dataset has one (bucketed datasets such as
-`sanarl.datasets.soar_jsonl`), else from `sanarl.tasks.data.step_indices` as in SFT.
+Per-sample randomness (u, z1, the caption dropout draw, s', the stochastic paths' noise) is drawn for the whole
+per-rank batch in `micro_batches` from the step generator, so any micro-batch split gives the same numbers. Data
+comes from the plugin's `batch_items(step, rank, world, per_rank)` hook when its dataset has one (bucketed datasets
+such as `sanarl.datasets.soar_jsonl`), else from `sanarl.tasks.data.step_indices` as in SFT.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import Cond
 from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import split_batch, step_indices
-from sanarl.tasks.sft import draw_flow_matching_noise
+from sanarl.tasks.sft import draw_flow_matching_noise, draw_vae_noise, encode_media
 
 ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
@@ -101,12 +105,15 @@ def draw_randomness(
 ) -> dict[str, Tensor]:
     """Every random number of a step's per-rank batch, drawn at once (micro-batch split invariant).
 
-    Returns [B] tensors u, s0, s1, active (bool), keep_caption (bool); noise [B, *latent];
-    s_prime [B, M, P] (`aux_sigmas` per path); path_noise [B, M - 1, *latent] for the stochastic paths.
+    Returns [B] tensors u, s0, s1, active (bool: t1 > 0), keep_caption (bool, one value for the whole batch);
+    noise [B, *latent]; s_prime [B, M, P] (`aux_sigmas` per path); path_noise [B, M - 1, *latent] for the
+    stochastic paths.
     """
     soar = cfg.train.train_policy.soar
     base = draw_flow_matching_noise(cfg.policy.diffusers, count, latent, rng)
-    u, noise, keep = base["u"], base["eps"], base["keep_caption"]
+    u, noise = base["u"], base["eps"]
+    # caption dropout per batch, as HY-SOAR: one draw drops every caption of the rank's batch (rollout included)
+    keep = (torch.rand(1, generator=rng) >= cfg.policy.diffusers.caption_dropout).expand(count).clone()
     s0, s1, active = soar_levels(u, soar.num_sampling_steps, shift)
     paths = soar.num_rollout_paths
     s_prime = torch.stack(
@@ -139,6 +146,19 @@ class AuxPoints:
     owner: Tensor
 
 
+def path_rows(active: Tensor, path: int, boundary: bool) -> Tensor:
+    """Rows (sample indices) that roll out path `path`: the ODE path 0 runs from every sample when `boundary`
+    (HY-SOAR), else only from the active ones (t1 > 0); the stochastic paths 1..M-1 only from the active ones."""
+    if path == 0 and boundary:
+        return torch.arange(active.shape[0], device=active.device)
+    return active.nonzero().flatten()
+
+
+def aux_count(count: int, active: int, paths: int, points: int, boundary: bool) -> int:
+    """N_aux of a batch: P points per (sample, path) that `path_rows` lets roll out."""
+    return points * (active * paths + ((count - active) if boundary else 0))
+
+
 def aux_points(
     z0: Tensor,
     z1: Tensor,
@@ -147,20 +167,22 @@ def aux_points(
     draws: dict[str, Tensor],
     kind: str,
     noise_scale: float,
+    boundary: bool = True,
 ) -> AuxPoints:
-    """Roll out M one-step paths from the active samples and re-noise P points per path toward the same z1.
+    """Roll out M one-step paths and re-noise P points per path toward the same z1.
 
     z0, z1, z_s0, v_cfg [B, ...]; draws: s0, s1, active [B], s_prime [B, M, P], path_noise [B, M - 1, ...]
-    (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`).
-    N = (number of active samples) x M x P.
+    (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`); the
+    rows of each path are `path_rows` (boundary samples keep the ODE path when `boundary`). Points are ordered
+    (path, point, row); N = `aux_count`.
     """
-    idx = draws["active"].nonzero().flatten()
-    if idx.numel() == 0:
-        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], idx)
-    s0, s1 = draws["s0"][idx], draws["s1"][idx]
     paths, points = draws["s_prime"].shape[1:]
-    zs, ss, targets = [], [], []
+    zs, ss, targets, owners = [], [], [], []
     for m in range(paths):
+        idx = path_rows(draws["active"], m, boundary)
+        if idx.numel() == 0:
+            continue
+        s0, s1 = draws["s0"][idx], draws["s1"][idx]
         noise = None if m == 0 else draws["path_noise"][idx, m - 1]
         z1p = soar_step("ode" if m == 0 else kind, z_s0[idx], v_cfg[idx], s0, s1, noise_scale, noise)
         for p in range(points):
@@ -169,12 +191,11 @@ def aux_points(
             zs.append(zp)
             ss.append(sp)
             targets.append(corrective_target(zp, z0[idx], sp))
-    return AuxPoints(
-        z=torch.stack(zs, dim=1).flatten(0, 1),
-        s=torch.stack(ss, dim=1).flatten(0, 1),
-        target=torch.stack(targets, dim=1).flatten(0, 1),
-        owner=idx.repeat_interleave(paths * points),
-    )
+            owners.append(idx)
+    if not zs:
+        empty = torch.zeros(0, dtype=torch.long, device=z0.device)
+        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], empty)
+    return AuxPoints(z=torch.cat(zs), s=torch.cat(ss), target=torch.cat(targets), owner=torch.cat(owners))
 
 
 def global_sum(values: list[float], device: torch.device | str) -> list[float]:
@@ -257,17 +278,18 @@ class SOARTask(Task):
             else self.adapter.shift_for(*batch["image"].shape[-2:])
         )
         batch.update(draw_randomness(count, latent, self.cfg, shift, rng))
+        batch.update(draw_vae_noise(self.adapter, count, latent, rng))
         soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
-        per_path = soar.num_rollout_paths * soar.trajectory_length
         n_active = int(batch["active"].sum())
-        n_main, n_aux, n_edge = global_sum(
-            [count, n_active * per_path, count - n_active], self.adapter.device
+        local_aux = aux_count(
+            count, n_active, soar.num_rollout_paths, soar.trajectory_length, soar.boundary_aux_points
         )
+        n_main, n_aux, n_edge = global_sum([count, local_aux, count - n_active], self.adapter.device)
         micro = -(-count // mini)
         scale = loss_scale(n_main, n_aux, soar.lambda_aux, micro, self.world)
         batch["loss_scale"] = torch.full((count,), scale, dtype=torch.float64)
         batch["main_scale"] = torch.full((count,), micro / count, dtype=torch.float64)
-        batch["aux_scale"] = torch.full((count,), micro / max(n_active * per_path, 1), dtype=torch.float64)
+        batch["aux_scale"] = torch.full((count,), micro / max(local_aux, 1), dtype=torch.float64)
         self._metrics = {"num_aux_points": n_aux, "boundary_fraction": n_edge / max(n_main, 1.0)}
         return split_batch(batch, mini)
 
@@ -283,32 +305,30 @@ class SOARTask(Task):
         uncond = self._uncond if w != 1.0 else None
         return self.adapter.guided_velocity(z, s, cond, uncond, w, module=self.adapter.transformer)
 
-    def _conds(self, batch: dict) -> tuple[Cond, Cond]:
-        """(caption cond for the rollout, cond of the trained forwards with caption dropout applied)."""
+    def _cond(self, batch: dict) -> Cond:
+        """The captions' cond, caption dropout applied (the rollout and the trained forwards use the same one)."""
         prompts, keep = batch["prompt"], batch["keep_caption"].tolist()
-        cond = self.adapter.encode_prompts(list(prompts))
-        if all(keep):
-            return cond, cond
-        dropped = [p if k else "" for p, k in zip(prompts, keep, strict=True)]
-        return cond, self.adapter.encode_prompts(dropped)
+        return self.adapter.encode_prompts([p if k else "" for p, k in zip(prompts, keep, strict=True)])
 
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         adapter, soar = self.adapter, self.soar
-        z0 = adapter.encode_images(batch["image"])
+        z0 = encode_media(adapter, batch["image"], batch)
         draws = {k: batch[k].to(z0.device) for k in ("s0", "s1", "active", "s_prime", "path_noise")}
         z1 = batch["noise"].to(z0.device)
         s0 = draws["s0"]
         z_s0 = interpolate(z0, z1, s0)
-        cond, train_cond = self._conds(batch)
+        cond = self._cond(batch)
         v_cfg = self.rollout_velocity(z_s0, s0, cond)
-        aux = aux_points(z0, z1, z_s0, v_cfg, draws, soar.sde_rollout_type, soar.sde_noise_scale)
+        aux = aux_points(
+            z0, z1, z_s0, v_cfg, draws, soar.sde_rollout_type, soar.sde_noise_scale, soar.boundary_aux_points
+        )
         x = torch.cat([z_s0, aux.z])
         s = torch.cat([s0, aux.s])
-        v = adapter.velocity(x, s, Cond.cat([train_cond, train_cond.select(aux.owner)]))
+        v = adapter.velocity(x, s, Cond.cat([cond, cond.select(aux.owner)]))
         err = (v - torch.cat([velocity_target(z0, z1), aux.target])).pow(2).flatten(1).mean(1)
-        count = z0.shape[0]
-        main_sum = (loss_weight(self.cfg.policy.diffusers.weighting_scheme, s0) * err[:count]).sum()
-        aux_sum = err[count:].sum()
+        count, scheme = z0.shape[0], self.cfg.policy.diffusers.weighting_scheme
+        main_sum = (loss_weight(scheme, s0) * err[:count]).sum()
+        aux_sum = (loss_weight(scheme, aux.s) * err[count:]).sum()  # w(s'), as HY-SOAR
         loss = (main_sum + soar.lambda_aux * aux_sum) * float(batch["loss_scale"][0])
         return loss, {
             "loss": loss.item(),
@@ -341,7 +361,7 @@ class SOARTask(Task):
             (
                 "SOAR points",
                 f"1 main + {soar.num_rollout_paths} path(s) x {soar.trajectory_length} = {points} aux per sample "
-                f"(none at the t1 = 0 boundary); trained rows per micro-batch <= {mb * (1 + points)}, plus "
+                f"({soar.trajectory_length if soar.boundary_aux_points else 0} at the t1 = 0 boundary); trained rows per micro-batch <= {mb * (1 + points)}, plus "
                 f"{2 * mb if soar.cfg_scale_sampling != 1.0 else mb} no-grad CFG rows",
             ),
             (

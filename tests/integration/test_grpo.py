@@ -108,7 +108,8 @@ def test_cfg_rollouts_are_re_evaluated_with_the_same_guidance(tmp_path, caplog, 
         assert first_dev > 1e-3 and len(self_check_warnings(caplog)) == 1
         return
     assert first_dev <= 1e-4 and not self_check_warnings(caplog)  # v_u + 4.5 (v_c - v_u), as at rollout
-    # the uncond branch is detached: conditioned on "" (v_c = v_u) the gradient is 4.5 x that of plain v_c
+    # both branches carry gradient: conditioned on "" (v_c = v_u) the guided gradient w g + (1 - w) g is exactly
+    # that of plain v_c (a detached uncond branch would give 4.5 g)
     task.cfg.train.train_policy.clip_range = 1e9  # no clipping, so the PPO term has a gradient
     on_empty = dict(batch, cond=task.engine.uncond.expand_to(len(batch["adv"])))
     grads = []
@@ -120,7 +121,7 @@ def test_cfg_rollouts_are_re_evaluated_with_the_same_guidance(tmp_path, caplog, 
         task.objective(on_empty, torch.Generator())[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in params]))
     assert grads[1].abs().max() > 0
-    assert (grads[0] - 4.5 * grads[1]).abs().max() <= 1e-5 * grads[0].abs().max()
+    assert (grads[0] - grads[1]).abs().max() <= 1e-4 * grads[1].abs().max()  # float noise of w = 4.5
 
 
 def test_fast_window_with_one_noise_per_group(tmp_path):
@@ -238,9 +239,10 @@ def test_bad_input_is_named(run_cli, tmp_path, overrides, needles):
 
 def test_several_optimizer_steps_per_rollout_reuse_it_off_policy_where_the_clip_acts(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
-    api.train(
-        loaded(tmp_path, "train.train_policy.optimizer_steps_per_rollout=2", "train.max_num_steps=4"), SHAPES
-    )
+    steps = ["train.train_policy.optimizer_steps_per_rollout=2", "train.max_num_steps=4"]
+    # each update takes whole sample chunks (as flow_grpo), so the second half was not in the first update:
+    # lr 1e-3 moves the policy far enough for its ratios to leave the 1e-4 clip range
+    api.train(loaded(tmp_path, *steps, "train.optm_lr=1e-3"), SHAPES)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     rollout_steps = [r["step"] for r in records if "reward/mean" in r]

@@ -123,7 +123,7 @@ def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_group
     adv = torch.tensor(ranks[0]["adv"] + ranks[1]["adv"], dtype=torch.float64)
     sd = rewards.std(
         correction=0
-    )  # global std over both ranks (ALGORITHMS.md: A = (R - mean_group) / std_all)
+    )  # global std over both ranks (docs/algorithms.md: A = (R - mean_group) / std_all)
     expected = torch.cat([(g - g.mean()) / (sd + 1e-4) for g in rewards.split(4)])
     assert torch.allclose(adv, expected, atol=1e-5)
     local = rewards[:4]

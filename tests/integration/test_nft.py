@@ -83,9 +83,9 @@ def test_two_optimizer_steps_per_rollout_move_the_old_adapter_once_per_rollout(t
     )
     assert rollouts == [0, 1]  # optimizer steps 0-1 share rollout 0, steps 2-3 rollout 1
     assert [(s, moved) for s, moved, _ in moves] == [(1, False), (2, True), (3, False), (4, True)]
-    assert moves[1][2]["old_decay"] == old_weight_decay(1, 1) and moves[3][2][
-        "old_decay"
-    ] == old_weight_decay(2, 1)
+    # the decay counts optimizer steps, as DiffusionNFT's global_step (not rollouts)
+    assert moves[1][2]["old_decay"] == old_weight_decay(2, 1)
+    assert moves[3][2]["old_decay"] == old_weight_decay(4, 1)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records if "reward/mean" in r] == [1, 3]
     assert all(r["grad_norm"] > 0 for r in records)  # every optimizer step trains on its half
@@ -236,3 +236,32 @@ def test_held_out_rewards_and_wall_budget(tmp_path):
     assert value > 0  # kilobytes of a JPEG q95: positive
     assert (tmp_path / "checkpoints" / "step_00000001").is_dir()
     assert (tmp_path / "export" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_sol_rl_preset_resume_equals_uninterrupted_bit_for_bit(tmp_path):
+    """Inference copies are merged at set-up, before the checkpoint loads: a resume must re-merge them from the
+    restored old adapter, or the first rollout after it samples from the set-up theta_old."""
+    preset = ROOT / "presets" / "tiny-shapes-nft-solrl.toml"
+    small = [
+        "train.train_batch_per_replica=16",
+        "train.train_policy.mini_batch=16",
+        "rollout.num_candidates=16",
+        "rollout.reward_workers=0",
+        "validation.enable=false",
+        "logging.multi_modal_log_interval=0",
+        "train.ema_enable=true",
+    ]
+
+    def run(out: Path, *extra: str):
+        cfg = load_config(preset, [f"train.output_dir={out}", *small, *extra])
+        return api.train(cfg, SHAPES)
+
+    run(tmp_path / "a", "train.max_num_steps=1", "train.ckpt.save_freq=1")
+    resumed = run(tmp_path / "a", "train.max_num_steps=2", "train.resume=true")
+    straight = run(tmp_path / "b", "train.max_num_steps=2")
+    a, b = resumed.task.state_tensors(), straight.task.state_tensors()
+    assert set(a) == set(b) and any(".old." in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    after = [read_metrics(d / "metrics.jsonl")[-1] for d in (tmp_path / "a", tmp_path / "b")]
+    assert after[0]["reward/mean"] == after[1]["reward/mean"]
+    assert after[0]["reward_preview_kept_mean"] == after[1]["reward_preview_kept_mean"]

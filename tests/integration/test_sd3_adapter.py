@@ -337,8 +337,30 @@ def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
     assert outcome.task.steps_per_epoch() == 2  # one batch of 2 per bucket; the third row of each sits out
     for r in _finite_records(tmp_path, 2):
         assert r["loss_main"] > 0 and r["loss_aux"] >= 0
-        assert r["num_aux_points"] == 2 * 2 * 2 * (
-            1 - r["boundary_fraction"]
-        )  # paths x points x active samples
+        active = 2 * (1 - r["boundary_fraction"])  # of the batch of 2
+        # points x (paths x active samples + the ODE path of the boundary samples, as HY-SOAR)
+        assert r["num_aux_points"] == pytest.approx(2 * (2 * active + (2 - active)))
     trained = {k: v.cpu() for k, v in outcome.task.adapter.transformer.state_dict().items()}
     assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
+
+
+def test_training_latents_sample_the_posterior_with_the_given_noise(sd3):
+    """As the references: z = (mean + std eps - shift) * scale, eps from the caller's seeded generator;
+    `vae_latents = "mode"` (or no noise) gives the mean."""
+    from sanarl.tasks.sft import draw_vae_noise, encode_media
+
+    images = torch.rand(2, 3, 32, 32)
+    dist = sd3.vae.encode(2 * images - 1).latent_dist
+    assert sd3.latent_sampling  # the default, vae_latents = "sample"
+    drawn = draw_vae_noise(sd3, 2, sd3.latent_shape(32, 32), torch.Generator().manual_seed(0))
+    eps = drawn["vae_noise"]
+    z = encode_media(sd3, images, drawn)
+    torch.testing.assert_close(z, (dist.mean + dist.std * eps - 0.0609) * 1.5305)
+    assert torch.equal(encode_media(sd3, images, drawn), z)  # a pure function of the noise
+    assert not torch.allclose(z, sd3.encode_images(images))
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+    policy.diffusers.max_prompt_length = LENGTH
+    policy.diffusers.vae_latents = "mode"
+    mode = load_adapter(policy)
+    assert draw_vae_noise(mode, 2, mode.latent_shape(32, 32), torch.Generator()) == {}
+    torch.testing.assert_close(mode.encode_images(images, noise=eps), (dist.mean - 0.0609) * 1.5305)

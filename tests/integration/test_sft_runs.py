@@ -150,7 +150,7 @@ def test_lora_sft_trains_only_the_adapter_and_exports_a_diffusers_lora(tmp_path)
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
-    """8 samples as 1 x 8 and as 4 x 2 micro-batches give the same update (ALGORITHMS.md section 8).
+    """8 samples as 1 x 8 and as 4 x 2 micro-batches give the same update (docs/algorithms.md, "SFT").
 
     SGD, so the update is linear in the gradient (Adam's first step is sign-like and amplifies float noise)."""
     from sanarl.models import load_adapter

@@ -1,4 +1,4 @@
-"""The SOAR task (ALGORITHMS.md section 6): aux point counts, oracle targets, the loss normalisation by hand,
+"""The SOAR task (docs/algorithms.md, "SOAR"): aux point counts, oracle targets, the loss normalisation by hand,
 micro-batch / rank split invariance, bad config, and short tiny-SANA runs on CPU."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.tasks.data import split_batch
-from sanarl.tasks.soar import SOARTask, aux_points, draw_randomness, loss_scale, soar_levels
+from sanarl.tasks.soar import SOARTask, aux_count, aux_points, draw_randomness, loss_scale, soar_levels
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "tests" / "data" / "presets" / "soar-tiny.toml"
@@ -125,20 +125,28 @@ def test_levels_and_boundary() -> None:
     assert active.tolist() == [True, False, False, True]
 
 
-def test_aux_points_count_is_paths_times_points_per_active_sample() -> None:
+@pytest.mark.parametrize("boundary", [True, False])
+def test_aux_points_count_is_paths_times_points_per_active_sample(boundary) -> None:
+    """HY-SOAR: M P points per sample off the boundary, the ODE path's P at it (0 with boundary_aux_points off)."""
     cfg = _cfg(num_rollout_paths=3, trajectory_length=4, num_sampling_steps=2, sde_rollout_type="cps")
     draws = draw_randomness(16, (3, 2, 2), cfg, 1.0, torch.Generator().manual_seed(0))
     z0 = torch.randn(16, 3, 2, 2)
     z_s0 = z0 + 0.1
-    aux = aux_points(z0, draws["noise"], z_s0, torch.randn_like(z0), draws, "cps", 0.5)
+    aux = aux_points(z0, draws["noise"], z_s0, torch.randn_like(z0), draws, "cps", 0.5, boundary)
     active = draws["active"]
     assert 0 < int(active.sum()) < 16  # with N = 2 about half of the samples sit at the boundary
     counts = torch.bincount(aux.owner, minlength=16)
-    assert counts.tolist() == [12 if a else 0 for a in active.tolist()]
-    assert aux.z.shape == (12 * int(active.sum()), 3, 2, 2) and aux.s.shape == aux.owner.shape
+    at_boundary = 4 if boundary else 0
+    assert counts.tolist() == [12 if a else at_boundary for a in active.tolist()]
+    n = 12 * int(active.sum()) + at_boundary * int((~active).sum())
+    assert aux.z.shape == (n, 3, 2, 2) and aux.s.shape == aux.owner.shape
+    assert aux_count(16, int(active.sum()), 3, 4, boundary) == n
+    # (path, point, row) order: path 0 from every sample (or the active ones), paths 1..2 from the active ones
     rows = active.nonzero().flatten()
-    expected = draws["s_prime"][rows].flatten(1)  # (sample, path, point) order
-    torch.testing.assert_close(aux.s, expected.flatten())
+    first = torch.arange(16) if boundary else rows
+    expected = [draws["s_prime"][first, 0, p] for p in range(4)]
+    expected += [draws["s_prime"][rows, m, p] for m in (1, 2) for p in range(4)]
+    torch.testing.assert_close(aux.s, torch.cat(expected))
 
 
 def test_oracle_velocity_ode_points_lie_on_the_true_path_and_target_z1_minus_z0() -> None:
@@ -150,7 +158,10 @@ def test_oracle_velocity_ode_points_lie_on_the_true_path_and_target_z1_minus_z0(
     b = (6, 1, 1, 1)
     z_s0 = (1 - draws["s0"].view(b)) * z0 + draws["s0"].view(b) * z1
     aux = aux_points(z0, z1, z_s0, z1 - z0, draws, "sde", 0.5)
-    z, s, target = aux.z.view(6, 2, 5, 3, 2, 2), aux.s.view(6, 2, 5), aux.target.view(6, 2, 5, 3, 2, 2)
+    # (path, point, sample) order -> (sample, path, point)
+    z = aux.z.view(2, 5, 6, 3, 2, 2).permute(2, 0, 1, 3, 4, 5)
+    s = aux.s.view(2, 5, 6).permute(2, 0, 1)
+    target = aux.target.view(2, 5, 6, 3, 2, 2).permute(2, 0, 1, 3, 4, 5)
     sp = s[:, 0].reshape(6, 5, 1, 1, 1)
     torch.testing.assert_close(z[:, 0], (1 - sp) * z0[:, None] + sp * z1[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(target[:, 0], (z1 - z0)[:, None].expand(6, 5, 3, 2, 2), rtol=0, atol=1e-4)
@@ -162,17 +173,37 @@ def test_oracle_velocity_ode_points_lie_on_the_true_path_and_target_z1_minus_z0(
     assert not torch.allclose(target[:, 1], (z1 - z0)[:, None].expand(6, 5, 3, 2, 2), atol=1e-2)
 
 
-def test_loss_normalisation_by_hand() -> None:
-    """Sample 0: z0 = 1, z1 = 3, u = 0.5 (s0 = 0.5, s1 = 0.25), s' = 0.5; sample 1 at the boundary (u = 0.2, N = 4).
+def _w(scheme: str, s: float) -> float:
+    """w(s) of the loss weighting schemes, by hand (cosmap: 2 / (pi (1 - 2 s + 2 s^2)))."""
+    return 2 / (math.pi * (1 - 2 * s + 2 * s * s)) if scheme == "cosmap" else 1.0
+
+
+@pytest.mark.parametrize(
+    ("boundary", "scheme"), [(True, "logit_normal"), (False, "logit_normal"), (True, "cosmap")]
+)
+def test_loss_normalisation_by_hand(boundary, scheme) -> None:
+    """Sample 0: z0 = 1, z1 = 3, u = 0.5 (s0 = 0.5, s1 = 0.25), s' = 0.5; sample 1 at the boundary (u = 0.2, N = 4:
+    s0 = 0.2, s1 = 0), z0 = 0, z1 = 1, s' = 0.1.
 
     With v = 0: z_s0 = 2, z1' = 2, a = (0.5 - 0.25) / 0.75 = 1/3, z' = 7/3, target (7/3 - 1) / 0.5 = 8/3.
-    mse: main 2^2 = 4 and 1^2 = 1, aux (8/3)^2 = 64/9. lambda 0.5: (4 + 1 + 0.5 * 64/9) / (2 + 0.5 * 1) = 77/22.5.
+    Boundary (HY-SOAR keeps its ODE path): z_s0 = z1' = 0.2, a = 0.1, z' = 0.28, target 2.8.
+    mse: main 2^2 = 4 and 1^2 = 1, aux (8/3)^2 = 64/9 and 2.8^2 = 7.84. lambda 0.5:
+    (4 + 1 + 0.5 (64/9 + 7.84)) / (2 + 0.5 * 2); without the boundary's point (4 + 1 + 0.5 * 64/9) / (2 + 0.5 * 1).
+    A weighting scheme weighs the main rows by w(s0) and, as HY-SOAR, the auxiliary rows by w(s').
     """
     cfg = _cfg(
-        batch=2, mini=2, lambda_aux=0.5, trajectory_length=1, num_sampling_steps=4, cfg_scale_sampling=4.5
+        batch=2,
+        mini=2,
+        lambda_aux=0.5,
+        trajectory_length=1,
+        num_sampling_steps=4,
+        cfg_scale_sampling=4.5,
+        boundary_aux_points=boundary,
     )
+    cfg.policy.diffusers.weighting_scheme = scheme
     task = SOARTask(cfg, FakeAdapter(ConstVelocity()), _plugin())
     s0, s1, active = soar_levels(torch.tensor([0.5, 0.2]), 4, 1.0)
+    n_aux = 2 if boundary else 1
     batch = {
         "prompt": ["a", "b"],
         "image": torch.tensor([1.0, 0.0]).view(2, 1, 1, 1),
@@ -183,17 +214,47 @@ def test_loss_normalisation_by_hand() -> None:
         "active": active,
         "s_prime": torch.tensor([0.5, 0.1]).view(2, 1, 1),
         "path_noise": torch.zeros(2, 0, 1, 1, 1),
-        "loss_scale": torch.full((2,), loss_scale(2, 1, 0.5, 1, 1), dtype=torch.float64),
+        "loss_scale": torch.full((2,), loss_scale(2, n_aux, 0.5, 1, 1), dtype=torch.float64),
         "main_scale": torch.full((2,), 0.5, dtype=torch.float64),
-        "aux_scale": torch.full((2,), 1.0, dtype=torch.float64),
+        "aux_scale": torch.full((2,), 1.0 / n_aux, dtype=torch.float64),
     }
+    w_main = [_w(scheme, 0.5), _w(scheme, 0.2)]
+    w_aux = [_w(scheme, 0.5), _w(scheme, 0.1)][:n_aux]
+    aux_sq = [w * e for w, e in zip(w_aux, [64 / 9, 7.84], strict=False)]
+    aux_err = [w * e for w, e in zip(w_aux, [8 / 3, 2.8], strict=False)]
+    main_sq = w_main[0] * 4 + w_main[1] * 1
+    denominator = 2 + 0.5 * n_aux
     loss, metrics = task.objective(batch, torch.Generator())
-    assert loss.item() == pytest.approx(77 / 22.5, rel=1e-6)
-    assert metrics["loss_main"] == pytest.approx(2.5) and metrics["loss_aux"] == pytest.approx(
-        64 / 9, rel=1e-6
+    assert loss.item() == pytest.approx((main_sq + 0.5 * sum(aux_sq)) / denominator, rel=1e-6)
+    assert metrics["loss_main"] == pytest.approx(main_sq / 2, rel=1e-6)
+    assert metrics["loss_aux"] == pytest.approx(sum(aux_sq) / n_aux, rel=1e-6)
+    loss.backward()  # d/da at a = 0: (w 2(0 - 2) + w 2(0 - 1) + 0.5 sum w 2(0 - target)) / denominator
+    expected = (-4 * w_main[0] - 2 * w_main[1] - sum(aux_err)) / denominator
+    assert task.adapter.transformer.a.grad.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_caption_dropout_is_per_batch_and_reaches_the_rollout(monkeypatch) -> None:
+    """HY-SOAR drops the captions of a whole batch at once, and the rollout velocity then sees "" too."""
+    cfg = _cfg(batch=8, mini=8, trajectory_length=1, num_sampling_steps=4)
+    cfg.policy.diffusers.caption_dropout = 0.5
+    keeps = [
+        draw_randomness(8, (3, 4, 4), cfg, 1.0, torch.Generator().manual_seed(seed))["keep_caption"]
+        for seed in range(40)
+    ]
+    assert all(bool((k == k[0]).all()) for k in keeps)  # one draw per batch
+    assert {bool(k[0]) for k in keeps} == {True, False}
+    task = SOARTask(cfg, FakeAdapter(TinyNet()), _plugin())
+    seen = []
+    original = SOARTask.rollout_velocity
+    monkeypatch.setattr(
+        SOARTask, "rollout_velocity", lambda self, z, s, cond: seen.append(cond) or original(self, z, s, cond)
     )
-    loss.backward()  # d/da at a = 0: (2(0 - 2) + 2(0 - 1) + 0.5 * 2(0 - 8/3)) / 2.5
-    assert task.adapter.transformer.a.grad.item() == pytest.approx((-6 - 8 / 3) / 2.5, rel=1e-6)
+    seed = next(i for i, k in enumerate(keeps) if not bool(k[0]))
+    batch = task.micro_batches(0, torch.Generator().manual_seed(seed))[0]
+    assert not bool(batch["keep_caption"].any())
+    task.objective(batch, torch.Generator())
+    empty = task.adapter.encode_prompts([""] * 8)
+    torch.testing.assert_close(seen[0].embeds, empty.embeds)
 
 
 def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None:
@@ -204,7 +265,9 @@ def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None
     whole.cfg.policy.diffusers.caption_dropout = 0.3
     micro = whole.micro_batches(0, torch.Generator().manual_seed(5))
     n_aux = whole.collect_metrics()["num_aux_points"]
-    assert n_aux == 6 * int(micro[0]["active"].sum()) and 0 < n_aux < 48  # some samples at the boundary
+    active = int(micro[0]["active"].sum())
+    assert 0 < active < 8  # some samples at the boundary, where only the ODE path's 3 points remain
+    assert n_aux == 3 * (2 * active + (8 - active))
     g_whole = _grads(whole, micro)
 
     split = SOARTask(_cfg(8, 2, **soar), FakeAdapter(TinyNet()), _plugin())

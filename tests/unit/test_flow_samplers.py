@@ -1,4 +1,5 @@
-"""Numerical checks of sanarl.core.flow and sanarl.core.samplers (ALGORITHMS.md sections 0, 4 and 8)."""
+"""Numerical checks of sanarl.core.flow and sanarl.core.samplers (docs/algorithms.md, "Conventions",
+"Samplers" and "Numerical checks")."""
 
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ def test_flow_sde_log_prob_matches_torch_normal_and_reevaluation():
     torch.testing.assert_close(logp_roll, logp_again)
 
 
-def test_cps_step_by_hand_and_log_prob_keeps_constants():
+def test_cps_step_by_hand_and_log_prob_is_the_reference_squared_error():
     x, v, z = torch.tensor([[0.4, -0.8]]), torch.tensor([[1.5, 0.2]]), torch.tensor([[0.3, -0.6]])
     s, s_next, eta = 0.6, 0.4, 0.8
     x_next, logp, mean, std = cps_step(x, v, s, s_next, eta=eta, noise=z)
@@ -224,8 +225,8 @@ def test_cps_step_by_hand_and_log_prob_keeps_constants():
         assert mean[0, j].item() == pytest.approx(mu, abs=1e-6)
         assert x_next[0, j].item() == pytest.approx(mu + sd * z[0, j].item(), abs=1e-6)
     assert std.item() == pytest.approx(sd, abs=1e-7)
-    # kept constants: mean_j [-z_j^2 / 2 - log sd - log sqrt(2 pi)]
-    hand = sum(-(zj**2) / 2 - math.log(sd) - 0.5 * math.log(2 * math.pi) for zj in z[0].tolist()) / 2
+    # Flow-GRPO's CPS score: mean_j [-(x'_j - mu_j)^2] = mean_j [-(sd z_j)^2], no constants, no 1 / (2 sd^2)
+    hand = sum(-((sd * zj) ** 2) for zj in z[0].tolist()) / 2
     assert logp.item() == pytest.approx(hand, abs=1e-5)
     # landing on s' = 0 is deterministic (std 0): x' = x0_hat and log-prob 0
     x_end, logp_end, _, std_end = cps_step(x, v, s, 0.0, eta=eta, noise=z)

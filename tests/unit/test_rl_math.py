@@ -1,4 +1,5 @@
-"""Numerical checks of the RL math (ALGORITHMS.md sections 2-5, checks of section 8)."""
+"""Numerical checks of the RL math (docs/algorithms.md, "DiffusionNFT" to "Flow-GRPO" and
+"Numerical checks")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Numerical checks of the SOAR targets (ALGORITHMS.md section 6, checks of section 8)."""
+"""Numerical checks of the SOAR targets (docs/algorithms.md, "SOAR" and "Numerical checks")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Numerical checks of sanarl.core.timesteps and sanarl.core.ema (ALGORITHMS.md sections 1, 2.4, 2.5 and 8)."""
+"""Numerical checks of sanarl.core.timesteps and sanarl.core.ema (docs/algorithms.md, "SFT",
+"DiffusionNFT" and "Numerical checks")."""
 
 from __future__ import annotations
 

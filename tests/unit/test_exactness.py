@@ -1,0 +1,170 @@
+"""Agreement with the reference recipes that needs no model: the evaluation sampler, the Flow-GRPO presets' values,
+the trained steps without a window, draft selection with unscorable drafts, chunk-invariant sample weights and
+small recipe details (docs/algorithms.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sanarl.config import load_config as _load
+from sanarl.tasks.sampling import GenerationSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = ROOT / "presets"
+ADAPTER = SimpleNamespace(default_shift=3.0)
+
+
+def load_config(path: Path, overrides: list[str] = ()):
+    return _load(path, overrides).config
+
+
+@pytest.mark.parametrize("preset", ["tiny-shapes-grpo", "sd35m-grpo", "sana-image-grpo"])
+def test_flow_grpo_evaluates_with_the_noise_free_ode(preset):
+    cfg = load_config(PRESETS / f"{preset}.toml")
+    sample, size = cfg.policy.diffusers.sample, cfg.policy.diffusers.inference_size
+    rollout = GenerationSpec.from_sample_config(sample, ADAPTER, size, evaluation=False)
+    evaluation = GenerationSpec.from_sample_config(sample, ADAPTER, size, evaluation=True)
+    assert rollout.solver in ("flow_sde", "cps") and rollout.eta > 0  # rollouts keep the SDE
+    assert (evaluation.solver, evaluation.eta) == ("euler", 0.0)
+    assert evaluation.num_steps == sample.eval_num_steps
+
+
+def test_eval_solver_chooses_the_ode_and_sd35m_nft_evaluates_with_euler():
+    cfg = load_config(PRESETS / "sd35m-nft.toml")
+    sample, size = cfg.policy.diffusers.sample, cfg.policy.diffusers.inference_size
+    assert GenerationSpec.from_sample_config(sample, ADAPTER, size, evaluation=False).solver == "dpm2"
+    assert GenerationSpec.from_sample_config(sample, ADAPTER, size, evaluation=True).solver == "euler"
+    nft = load_config(PRESETS / "tiny-shapes-nft.toml")
+    spec = GenerationSpec.from_sample_config(nft.policy.diffusers.sample, ADAPTER, size, evaluation=True)
+    assert spec.solver == nft.policy.diffusers.sample.solver  # an ODE rollout solver is kept
+
+
+def test_eval_solver_must_be_an_ode_solver():
+    from sanarl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_solver"):
+        load_config(PRESETS / "tiny-shapes-grpo.toml", ["policy.diffusers.sample.eval_solver=cps"])
+
+
+@pytest.mark.parametrize("preset", ["sd35m-grpo", "sana-image-grpo"])
+def test_sd35_style_flow_grpo_presets_take_two_optimizer_steps_per_rollout(preset):
+    tp = load_config(PRESETS / f"{preset}.toml").train.train_policy
+    assert (
+        tp.optimizer_steps_per_rollout == 2
+    )  # flow_grpo's SD3.5 configs: the second update is where the clip acts
+
+
+def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
+    from sanarl.tasks.grpo import trained_positions
+
+    every = list(range(10))
+    assert trained_positions(every, 10, 0.5, windowed=False) == [0, 1, 2, 3, 4]  # steps 0 .. int(N frac) - 1
+    assert trained_positions(every, 10, 0.99, windowed=False) == list(range(9))
+    assert trained_positions(every, 10, 0.01, windowed=False) == [0]  # at least one
+    assert trained_positions(every[:9], 10, 1.0, windowed=False) == list(range(9))  # cps: never the last step
+    assert trained_positions([0, 1, 2], 10, 0.1, windowed=True) == [0, 1, 2]  # Fast: the whole window
+
+
+@pytest.mark.parametrize("mode", ["best_worst", "mean_deviation", "random", "extremes_random"])
+def test_a_nan_draft_is_never_kept_while_a_scorable_one_remains(mode):
+    import torch
+
+    from sanarl.core.selection import select_scorable
+
+    nan = float("nan")
+    rewards = torch.tensor([0.3, nan, 0.9, 0.1, nan, 0.5, 0.7, 0.2])
+    for seed in range(5):
+        kept = select_scorable(rewards, 4, mode, generator=torch.Generator().manual_seed(seed)).tolist()
+        assert len(set(kept)) == 4 and not any(i in (1, 4) for i in kept)
+    if mode == "best_worst":  # top 2 and bottom 2 of the six scorable drafts
+        assert select_scorable(rewards, 4, mode).tolist() == [2, 3, 6, 7]
+    # fewer scorable drafts than slots: all of them, then NaN drafts fill the rest
+    few = torch.tensor([nan, 0.4, nan, nan, 0.8])
+    assert select_scorable(few, 3, mode, generator=torch.Generator().manual_seed(0)).tolist() == [0, 1, 4]
+
+
+def test_nft_sample_weights_do_not_depend_on_the_chunking():
+    """After NaN drops the last micro-batch is shorter: each row still weighs 1 / rows in the step's loss."""
+    import torch
+
+    from sanarl.tasks.nft import NFTTask
+
+    task = object.__new__(NFTTask)
+    task.world = 1
+    losses = torch.arange(7, dtype=torch.float64) ** 1.5  # 7 kept samples, one trained level
+    for sizes in ([4, 3], [2, 2, 2, 1], [7]):
+        bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        batches = [
+            {"adv": torch.zeros(b - a), "rows": losses[a:b]}
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        out = task._finish_chunk(batches)
+        total = sum(b["weight"] * b["rows"].mean() for b in out) / len(out)  # the runner's accumulation
+        assert float(total) == pytest.approx(float(losses.mean()), rel=1e-12)
+
+
+def test_preview_kept_mean_is_over_kept_drafts_and_skips_nan():
+    import torch
+
+    from sanarl.rewards.combine import RewardResult
+    from sanarl.tasks.rollout import PromptGroup, kept_mean
+
+    def group(values):
+        total = torch.tensor(values)
+        return PromptGroup(
+            "p", {}, None, [0] * len(values), None, None, RewardResult(total, {}, torch.isnan(total), {})
+        )
+
+    assert kept_mean([group([1.0, float("nan")]), group([2.0, 3.0])]) == pytest.approx(2.0)
+
+
+def test_nft_rejects_an_advantage_low_it_cannot_honour():
+    from sanarl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="advantage_low = -1.0 has no effect for diffusion_nft"):
+        load_config(PRESETS / "tiny-shapes-nft.toml", ["train.train_policy.advantage_low=-1.0"])
+    load_config(
+        PRESETS / "tiny-shapes-nft.toml", ["train.train_policy.advantage_low=-5.0"]
+    )  # symmetric: fine
+
+
+@pytest.mark.slow
+def test_the_ema_warm_up_starts_at_the_references_first_decay(tmp_path, monkeypatch):
+    """DiffusionNFT / flow_grpo pass their global step after counting the update: first decay 2/11, not 1/10."""
+    from sanarl import api
+    from sanarl.core.ema import EMA
+
+    seen = []
+    original = EMA.update
+    monkeypatch.setattr(
+        EMA, "update", lambda self, params, step: seen.append(step) or original(self, params, step)
+    )
+    preset = ROOT / "tests" / "data" / "presets" / "nft-tiny.toml"
+    overrides = [f"train.output_dir={tmp_path}", "train.max_num_steps=2", "train.ema_enable=true"]
+    overrides += [
+        "rollout.reward_workers=0",
+        "validation.enable=false",
+        "train.ckpt.export_safetensors=false",
+    ]
+    api.train(_load(preset, overrides), "sanarl.datasets.shapes")
+    assert seen == [1, 2]
+    assert EMA([], decay=0.9).current_decay(seen[0]) == pytest.approx(2 / 11)
+
+
+def test_several_updates_per_rollout_take_whole_sample_chunks():
+    """flow_grpo / DiffusionNFT: an update covers whole sample batches with all their trained steps."""
+    import torch
+
+    from sanarl.tasks.nft import split_updates
+
+    batches = [{"chunk": c, "level": j} for c in range(5) for j in range(3)]  # 5 chunks x 3 trained levels
+    parts = split_updates(batches, 2, torch.Generator().manual_seed(0))
+    assert sorted(len(p) for p in parts) == [6, 9]  # 2 and 3 whole chunks
+    for part in parts:
+        chunks = {b["chunk"] for b in part}
+        assert all(sorted(b["level"] for b in part if b["chunk"] == c) == [0, 1, 2] for c in chunks)
+    assert sorted(b["chunk"] for p in parts for b in p) == sorted(b["chunk"] for b in batches)
+    assert split_updates(batches, 1, torch.Generator()) == [batches]
