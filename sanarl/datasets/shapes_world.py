@@ -734,6 +734,12 @@ def exact_score(strict: float, objects: Sequence[Detection], metadata: dict[str,
     return float(strict > 0 and len(objects) == prompt_object_count(metadata))
 
 
+def exact_partial_score(clauses: dict[str, bool], extra_objects: int) -> float:
+    """Partial credit of the exact judge: the fraction of GenEval's clauses plus one more, "no object beyond the
+    prompt's count" (extra_objects <= 0), that hold. A dense reward for exact as `partial` is for strict."""
+    return (sum(clauses.values()) + float(extra_objects <= 0)) / (len(clauses) + 1)
+
+
 def _matches(objects: Sequence[Detection], entry: dict[str, Any]) -> list[Detection]:
     return [o for o in objects if o.shape == entry["class"] and o.color == entry.get("color", o.color)]
 

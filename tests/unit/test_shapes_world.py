@@ -445,6 +445,9 @@ def test_exact_fails_an_extra_object_that_strict_lets_pass():
     # GenEval's clauses are all "at least": four objects still satisfy both colour / count clauses
     assert cluttered.strict == 1.0 and all(cluttered.clauses.values())
     assert (cluttered.exact, cluttered.extra_objects) == (0.0, 2)
+    # exact's partial credit: 4 clauses (2 count, 2 colour) + "no extra object"; cluttered: 4 of 5 hold
+    assert W.exact_partial_score(right.clauses, right.extra_objects) == 1.0
+    assert W.exact_partial_score(cluttered.clauses, cluttered.extra_objects) == pytest.approx(4 / 5)
 
 
 def test_exact_on_counting_and_missing_objects():
