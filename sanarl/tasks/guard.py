@@ -156,10 +156,12 @@ class Guard:
         self.trained: list[tuple[int, float]] = []
         self.samples: dict[int, tuple[torch.Tensor, list[str]]] = {}
         self.alarm: Alarm | None = None
+        self.step_keys: set[str] = set()
 
     def record_step(self, step: int, metrics: Mapping[str, float]) -> None:
         """Keep the trained reward of optimizer step `step`."""
         key = self.cfg.trained_metric
+        self.step_keys.update(metrics)
         if key and metrics.get(key) is not None:
             self.trained.append((step, float(metrics[key])))
 
@@ -197,6 +199,14 @@ class Guard:
         """After `observe(step)`: (keep a checkpoint of this step, stop the run). An alarm is logged (`guard/alarm`),
         drawn (`guard/alarm_step_*.png`) and recorded (`guard/alarm.json`)."""
         trained = self.trained if self.cfg.trained_metric else None
+        if trained is not None and not trained and self.step_keys:
+            from sanarl.errors import ConfigError
+
+            raise ConfigError(
+                f"`validation.guard.trained_metric` = {self.cfg.trained_metric!r} is not a metric this run logs per "
+                f'step ({", ".join(sorted(self.step_keys))}); set it to one of those, or to "" to fire on the guard '
+                "metrics alone."
+            )
         alarm = find_alarm(self.steps, self.values, self.cfg.metrics, trained, self.cfg.min_trained_rise)
         best = self.best_steps()
         self.samples = {s: v for s, v in self.samples.items() if s in best or s == step}

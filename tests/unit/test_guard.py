@@ -116,6 +116,16 @@ def test_a_guard_key_the_validation_did_not_log_names_what_it_logged(tmp_path):
         guard.observe(0, torch.zeros(1, 3, 8, 8), ["a circle"], {"heldout/shapes/strict": 1.0})
 
 
+def test_a_trained_metric_the_steps_do_not_log_is_named(tmp_path):
+    guard = Guard(GuardConfig(enable=True, metrics=[EXTRA]), tmp_path)  # trained_metric "reward/mean"
+    guard.record_step(1, {"loss": 0.5, "lr": 1e-4})  # an SFT step: no reward
+    guard.observe(1, torch.zeros(1, 3, 8, 8), ["a circle"], {EXTRA.key: 0.0})
+    with pytest.raises(
+        ConfigError, match=r"'reward/mean' is not a metric this run logs per step \(loss, lr\)"
+    ):
+        guard.decide(1)
+
+
 GUARD_TOML = """
 [validation]
 enable = {enable}
