@@ -158,9 +158,9 @@ class Runner:
         from sanarl.evaluation.scoring import build_rewards
         from sanarl.tasks.guard import Guard, check_reward_keys
 
-        if cfg.held_out_rewards:
+        if cfg.held_out_rewards and self.acc.is_main_process:  # rank 0 scores the validations
             self._held_out = build_rewards(cfg.held_out_rewards)
-        check_reward_keys(cfg.guard, self._held_out or {})
+            check_reward_keys(cfg.guard, self._held_out)
         return Guard(cfg.guard, self.run_dir)
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:

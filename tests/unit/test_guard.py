@@ -168,3 +168,14 @@ def test_guard_config_is_typed_and_strict():
     with pytest.raises(ConfigError, match="marg"):
         loads_config(GUARD_TOML.format(enable="true", action="log", key="heldout/shapes/extra", worse="higher",
                                        margin=0.1).replace("margin", "margn"))  # fmt: skip
+
+
+def test_a_reward_key_the_reward_does_not_return_is_named_before_training():
+    from sanarl.rewards.shapes import ShapesReward
+    from sanarl.tasks.guard import check_reward_keys
+
+    rewards = {"shapes": ShapesReward()}
+    check_reward_keys(GuardConfig(enable=True, metrics=[EXTRA, BRIGHT]), rewards)  # both exist
+    bad = GuardConfig(enable=True, metrics=[GuardMetricConfig("heldout/shapes/clutter")])
+    with pytest.raises(ConfigError, match=r"metrics\[0\].key.*'shapes' returns the keys.*'extra'"):
+        check_reward_keys(bad, rewards)
