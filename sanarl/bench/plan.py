@@ -2,7 +2,7 @@
 
 Default (`DEFAULT`): DiffusionNFT and Flow-GRPO-Fast, one seed each, 30 training minutes, the two side by side on
 2 cores (`--jobs 2`): about 35 minutes of wall time with the evaluations. Chosen from measurements, not from a
-60-minute run of these defaults (docs/results.md, "Bench defaults"): NFT alone on an idle core gained +0.150 held-out
+60-minute run of these defaults (docs/shapes.md, "The bench"; docs/results.md): NFT alone on an idle core gained +0.150 held-out
 strict (about 7 evaluation standard errors) in 15 minutes, while the full grid's 4-minute runs (+0.014) stayed within
 one standard error. `FULL`: the session-3 grid, every method x 3 seeds x 4 minutes (about an hour on 2 cores).
 Explicit `--methods`, `--seeds`, `--budget-minutes` override either.
