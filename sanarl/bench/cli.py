@@ -14,16 +14,29 @@ bench_app = typer.Typer(
     help="Benchmarks (docs/shapes.md).",
 )
 
-DEFAULT_METHODS = "nft,nft-solrl,grpo,soar,sft-more"
-
 
 @bench_app.command("shapes")
 def shapes(
     budget_minutes: Annotated[
-        float, typer.Option(help="Training wall-clock minutes per method and seed.")
-    ] = 4.0,
-    seeds: Annotated[int, typer.Option(help="Seeds per method (train.seed = 0..S-1).")] = 3,
-    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = DEFAULT_METHODS,
+        float | None,
+        typer.Option(help="Training wall-clock minutes per method and seed [default: 30; --full: 4]."),
+    ] = None,
+    seeds: Annotated[
+        int | None, typer.Option(help="Seeds per method (train.seed = 0..S-1) [default: 1; --full: 3].")
+    ] = None,
+    methods: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated methods [default: nft,grpo; --full: nft,nft-solrl,grpo,soar,sft-more]."
+        ),
+    ] = None,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="The full grid: every method x 3 seeds x 4 minutes (about an hour)."),
+    ] = False,
+    plan_only: Annotated[
+        bool, typer.Option("--plan", help="Print the runs and their time, run nothing.")
+    ] = False,
     eval_: Annotated[int, typer.Option("--eval", help="Held-out samples per evaluation.")] = 512,
     eval_steps: Annotated[int, typer.Option(help="Sampling steps of the evaluation.")] = 20,
     output: Annotated[Path, typer.Option(help="Output directory.")] = Path("outputs/bench-shapes"),
@@ -43,17 +56,20 @@ def shapes(
     from sanarl.cli import _guarded
 
     def go() -> None:
-        from sanarl.bench.methods import parse_methods
-        from sanarl.bench.shapes import BenchOptions, run_bench
+        from sanarl.bench.plan import describe_plan, resolve_plan
         from sanarl.cli import out
         from sanarl.errors import UserError
 
-        if min(seeds, eval_, eval_steps, jobs) < 1 or budget_minutes <= 0:
-            raise UserError(
-                "`--seeds`, `--eval`, `--eval-steps` and `--jobs` must be >= 1 and `--budget-minutes` > 0."
-            )
+        if min(eval_, eval_steps, jobs) < 1:
+            raise UserError("`--eval`, `--eval-steps` and `--jobs` must be >= 1.")
+        plan = resolve_plan(full, methods, seeds, budget_minutes)
+        out.print(f"bench plan: {describe_plan(plan, jobs)}")
+        if plan_only:
+            return
+        from sanarl.bench.shapes import BenchOptions, run_bench
+
         opts = BenchOptions(
-            output=output, methods=parse_methods(methods), seeds=seeds, budget_minutes=budget_minutes,
+            output=output, methods=list(plan.methods), seeds=plan.seeds, budget_minutes=plan.budget_minutes,
             eval_num=eval_, eval_steps=eval_steps, resume=resume, rebuild_base=rebuild_base, base_steps=base_steps,
             extra_overrides=set_ or [], jobs=jobs,
         )  # fmt: skip

@@ -20,8 +20,14 @@ from sanarl.evaluation.summary import describe
 STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", "entropy")
 
 
+ACCURACY_PARTS: tuple[str, ...] = ("strict", "partial", "exact")
+"""Held-out accuracies per method: GenEval's strict and partial, and the exact variant (extra objects fail)."""
+
+
 def _score(record: dict[str, Any], key: str, field: str = "mean") -> float:
-    return float(record["summary"]["scores"][key][field])
+    """A summary score of a record; NaN when the record lacks it (a bench from before the key existed)."""
+    entry = record["summary"]["scores"].get(key)
+    return float(entry[field]) if entry is not None else math.nan
 
 
 def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -31,7 +37,7 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for method in methods:
         group = [r for r in records if r["method"] == method]
         row: dict[str, Any] = {"method": method, "seeds": len(group)}
-        for part in ("strict", "partial"):
+        for part in ACCURACY_PARTS:
             stats = describe([_score(r, f"shapes/{part}") for r in group])
             row[part] = stats["mean"]
             row[f"{part}_std"] = stats["std"]
@@ -42,6 +48,7 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row[key] = sum(float(r.get(key) or 0.0) for r in group) / len(group)
         for key in STAT_KEYS:
             row[key] = sum(_score(r, f"stats/{key}") for r in group) / len(group)
+        row["extra_objects"] = sum(_score(r, "shapes/extra") for r in group) / len(group)
         row["geneval_strict"] = describe(
             [r["summary"]["geneval"]["shapes"]["overall"]["strict"] for r in group]
         )["mean"]
@@ -51,6 +58,11 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if base is not None and row is not base:
             row["gain"] = row["strict"] - base["strict"]
             row["gain_in_std"] = row["gain"] / row["strict_std"] if row["strict_std"] > 0 else math.nan
+            for part in ("strict", "exact"):
+                se = math.hypot(row[f"{part}_se"], base[f"{part}_se"])
+                row[f"{part}_gain"] = row[part] - base[part]
+                row[f"{part}_gain_se"] = se
+                row[f"{part}_gain_in_se"] = row[f"{part}_gain"] / se if se > 0 else math.nan
     return rows
 
 
@@ -69,21 +81,25 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]], header: str) -> str:
     """results.md: the table, the ratios and the gains over the base in units of the seed spread."""
-    cols = ["method", "seeds", "held-out strict (mean ± std)", "± se", "held-out partial (mean ± std)", "± se",
-            "steps", "train min", "rollout images", "reward calls", "background", "blobs", "specks", "entropy"]  # fmt: skip
+    cols = ["method", "seeds", "held-out strict (mean ± std)", "± se", "held-out exact (mean ± std)", "± se",
+            "held-out partial (mean ± std)", "± se", "steps", "train min", "rollout images", "reward calls",
+            "background", "blobs", "objects - prompt's", "specks", "entropy"]  # fmt: skip
     lines = [header, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [r["method"], str(r["seeds"]), f"{r['strict']:.4f} ± {r['strict_std']:.4f}", f"{r['strict_se']:.4f}",
+                 f"{r['exact']:.4f} ± {r['exact_std']:.4f}", f"{r['exact_se']:.4f}",
                  f"{r['partial']:.4f} ± {r['partial_std']:.4f}", f"{r['partial_se']:.4f}", f"{r['steps']:.0f}",
                  f"{r['train_minutes']:.2f}", f"{r['rollout_images']:.0f}", f"{r['reward_calls']:.0f}",
-                 f"{r['background_fraction']:.3f}", f"{r['num_blobs']:.2f}", f"{r['num_specks']:.2f}",
-                 f"{r['entropy']:.2f}"]  # fmt: skip
+                 f"{r['background_fraction']:.3f}", f"{r['num_blobs']:.2f}", f"{r['extra_objects']:+.2f}",
+                 f"{r['num_specks']:.2f}", f"{r['entropy']:.2f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for r in rows:
         if "gain" in r:
             lines.append(
-                f"- {r['method']}: strict gain over base {r['gain']:+.4f} ({r['gain_in_std']:.2f} seed std)"
+                f"- {r['method']}: strict gain over base {r['strict_gain']:+.4f} ± {r['strict_gain_se']:.4f} "
+                f"({r['strict_gain_in_se']:.1f} eval se; {r['gain_in_std']:.2f} seed std), exact "
+                f"{r['exact_gain']:+.4f} ± {r['exact_gain_se']:.4f} ({r['exact_gain_in_se']:.1f} eval se)"
             )
     for q in ratio_rows:
         lines.append(f"- {q['what']}: strict {q['numerator']} / {q['denominator']} = {q['strict_ratio']:.3f}")

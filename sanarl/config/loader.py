@@ -918,6 +918,7 @@ def _check_run(cfg: Config) -> None:
     _at_least(v.freq, "validation.freq", 1)
     _at_least(v.batch_size, "validation.batch_size", 1)
     _at_least(v.num_samples, "validation.num_samples", 1)
+    v.guard.check(v)  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
     for i, name in enumerate(cfg.logging.logger):
         _one_of(name, f"logging.logger[{i}]", _LOGGERS)
     _at_least(cfg.logging.log_freq, "logging.log_freq", 1)

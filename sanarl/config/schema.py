@@ -318,6 +318,94 @@ class TrainConfig:
     ckpt: CkptConfig = field(default_factory=CkptConfig)
 
 
+# --- reward-hacking alarm: [validation.guard] (sanarl/tasks/guard.py; docs/shapes.md, "Reward-hacking alarm") ---
+
+GUARD_WORSE = ("higher", "lower")
+"""`worse` of a guard metric: the direction in which it worsens."""
+GUARD_ACTIONS = ("log", "stop")
+"""`action` of the guard: log the alarm and go on, or stop the run and export the best checkpoint by the guard."""
+GUARD_IMAGE_STATS = ("brightness", "saturation")
+"""Image statistics of the validation samples the guard can watch as `heldout/image/<name>`."""
+
+
+@dataclass
+class GuardMetricConfig:
+    """`[[validation.guard.metrics]]`: one guard metric, read at every validation."""
+
+    key: str = ""
+    """`heldout/<reward>/<key>` (a `validation.held_out_rewards` reward's key, e.g. `heldout/shapes/extra`: objects
+    beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation)."""
+    worse: str = "higher"
+    """higher | lower: the direction in which the metric worsens."""
+    margin: float = 0.0
+    """Alarm when the metric is worse than its best validation value by more than this (metric units, >= 0)."""
+
+
+@dataclass
+class GuardConfig:
+    """`[validation.guard]`: the reward-hacking alarm (fires when a guard metric worsens by more than its margin
+    while the trained reward rises; see sanarl/tasks/guard.py)."""
+
+    enable: bool = False
+    metrics: list[GuardMetricConfig] = field(default_factory=list)
+    trained_metric: str = "reward/mean"
+    """Per-step metric of the trained reward (mean over the steps since the previous validation); "" = fire on the
+    guard metrics alone."""
+    min_trained_rise: float = 0.0
+    """The trained reward "rises" when it exceeds its value at the guard's best validation by more than this."""
+    action: str = "log"
+    """log: record the alarm and grids, go on; stop: stop at that validation and export the best checkpoint by the
+    guard (rollback), exit code 0."""
+
+    def check(self, validation: ValidationConfig) -> None:
+        """Raise ConfigError naming the key and the fix on an invalid guard."""
+        from sanarl.errors import ConfigError
+
+        if not self.enable:
+            return
+        where = "validation.guard"
+        if not validation.enable:
+            raise ConfigError(
+                f"`{where}.enable` = true needs `validation.enable = true` (the guard reads validations)."
+            )
+        if self.action not in GUARD_ACTIONS:
+            raise ConfigError(
+                f"`{where}.action` = {self.action!r} is not supported; set it to one of {GUARD_ACTIONS}."
+            )
+        if not self.metrics:
+            raise ConfigError(
+                f"`{where}.enable` = true with no `[[{where}.metrics]]`; add one, e.g. "
+                '`metrics = [{ key = "heldout/shapes/extra", worse = "higher", margin = 0.3 }]`.'
+            )
+        for i, m in enumerate(self.metrics):
+            self._check_metric(m, f"{where}.metrics[{i}]", validation.held_out_rewards)
+
+    @staticmethod
+    def _check_metric(m: GuardMetricConfig, where: str, held_out: list[str]) -> None:
+        from sanarl.errors import ConfigError
+
+        parts = m.key.split("/")
+        ok = len(parts) >= 3 and parts[0] == "heldout" and all(parts)
+        if ok and parts[1] == "image":
+            ok = len(parts) == 3 and parts[2] in GUARD_IMAGE_STATS
+        elif ok and parts[1] not in held_out:
+            raise ConfigError(
+                f"`{where}.key` = {m.key!r} reads reward {parts[1]!r}, which `validation.held_out_rewards` = "
+                f"{held_out} does not score; add it there."
+            )
+        if not ok:
+            raise ConfigError(
+                f"`{where}.key` = {m.key!r} is not a guard metric; use `heldout/<reward>/<key>` (a reward of "
+                f"`validation.held_out_rewards`) or `heldout/image/<stat>` with stat one of {GUARD_IMAGE_STATS}."
+            )
+        if m.worse not in GUARD_WORSE:
+            raise ConfigError(
+                f"`{where}.worse` = {m.worse!r} is not supported; set it to one of {GUARD_WORSE}."
+            )
+        if not m.margin >= 0:
+            raise ConfigError(f"`{where}.margin` = {m.margin!r} is out of range; it must be >= 0.")
+
+
 @dataclass
 class ValidationConfig:
     """`[validation]`: periodic sample images."""
@@ -332,6 +420,8 @@ class ValidationConfig:
     """Reward-hacking guard: rewards scored on the validation samples every `freq` steps and logged as
     `heldout/<reward>/<key>` (pick rewards the run does not train on; their metadata must come with the prompts)."""
     dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(split="test"))
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The reward-hacking alarm on these validations (`[validation.guard]`)."""
 
 
 @dataclass

@@ -710,12 +710,34 @@ def relations_between(a: Detection, b: Detection) -> set[str]:
 
 @dataclass(frozen=True)
 class JudgeResult:
-    """Score of one image: strict (1.0 iff every clause holds), partial (fraction of clauses that hold), clauses."""
+    """Score of one image: strict (1.0 iff every clause holds), partial (fraction of clauses that hold), clauses;
+    exact (1.0 iff strict and the image holds no object beyond the prompt's count, see `exact_score`)."""
 
     strict: float
     partial: float
     clauses: dict[str, bool]
     objects: tuple[Detection, ...] = field(default=(), repr=False)
+    exact: float = 0.0
+    extra_objects: int = 0
+    """Detected objects minus the objects the prompt names (`prompt_object_count`; negative: too few)."""
+
+
+def prompt_object_count(metadata: dict[str, Any]) -> int:
+    """Objects a prompt names: the sum of its include counts ("three squares" 3, "a red circle and a blue square" 2)."""
+    return sum(int(e.get("count", 1)) for e in metadata["include"])
+
+
+def exact_score(strict: float, objects: Sequence[Detection], metadata: dict[str, Any]) -> float:
+    """The "exact" variant of GenEval's strict score: 1.0 iff every clause holds AND the image shows exactly the
+    objects the prompt names, no more (any class, "other" included; specks are not objects). GenEval's strict lets
+    "a blue triangle and a green circle" pass with two more shapes beside them; exact does not."""
+    return float(strict > 0 and len(objects) == prompt_object_count(metadata))
+
+
+def exact_partial_score(clauses: dict[str, bool], extra_objects: int) -> float:
+    """Partial credit of the exact judge: the fraction of GenEval's clauses plus one more, "no object beyond the
+    prompt's count" (extra_objects <= 0), that hold. A dense reward for exact as `partial` is for strict."""
+    return (sum(clauses.values()) + float(extra_objects <= 0)) / (len(clauses) + 1)
 
 
 def _matches(objects: Sequence[Detection], entry: dict[str, Any]) -> list[Detection]:
@@ -757,7 +779,10 @@ def judge(image: Any, metadata: dict[str, Any]) -> JudgeResult:
     objects = detect_objects(image)
     clauses = evaluate_clauses(objects, metadata)
     partial = sum(clauses.values()) / len(clauses)
-    return JudgeResult(float(all(clauses.values())), float(partial), clauses, tuple(objects))
+    strict = float(all(clauses.values()))
+    extra = len(objects) - prompt_object_count(metadata)
+    exact = exact_score(strict, objects, metadata)
+    return JudgeResult(strict, float(partial), clauses, tuple(objects), exact, extra)
 
 
 def batch_to_hwc(images: Any) -> np.ndarray:

@@ -60,6 +60,7 @@ def results_table(summary: dict[str, Any]) -> Table:
             )
         table.add_row(key, *cells)
     for reward in sorted({r for m in models.values() for r in m["geneval"]}):
+        parts = _parts(models, reward)
         for part in ("overall", "per_tag"):
             rows = [("", None)] if part == "overall" else [(t, t) for t in _tags(models, reward)]
             for name, tag in rows:
@@ -67,13 +68,17 @@ def results_table(summary: dict[str, Any]) -> Table:
                 for m in models.values():
                     acc = m["geneval"].get(reward, {})
                     entry = acc.get("overall", {}) if tag is None else acc.get("per_tag", {}).get(tag, {})
-                    cells.append(
-                        f"{entry.get('strict', math.nan):.4f} / {entry.get('partial', math.nan):.4f}"
-                    )
-                label = f"{reward} GenEval {'overall' if tag is None else name} (strict / partial)"
+                    cells.append(" / ".join(f"{entry[k]:.4f}" for k in parts if k in entry) or "-")
+                label = f"{reward} GenEval {'overall' if tag is None else name} ({' / '.join(parts)})"
                 table.add_row(label, *cells, *["" for _ in labels[1:]])
     return table
 
 
 def _tags(models: dict[str, Any], reward: str) -> list[str]:
     return sorted({t for m in models.values() for t in m["geneval"].get(reward, {}).get("per_tag", {})})
+
+
+def _parts(models: dict[str, Any], reward: str) -> list[str]:
+    """The accuracy kinds a reward's GenEval block holds, in the order strict, partial, exact."""
+    held = {k for m in models.values() for k in m["geneval"].get(reward, {}).get("overall", {})}
+    return [k for k in ("strict", "partial", "exact") if k in held]

@@ -16,8 +16,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-ACCURACY_KEYS: tuple[str, ...] = ("strict", "partial")
-"""Score keys a GenEval-style reward (`shapes`, `geneval`) returns and `geneval_accuracy` reads."""
+ACCURACY_KEYS: tuple[str, ...] = ("strict", "partial", "exact")
+"""Score keys a GenEval-style reward (`shapes`, `geneval`) returns and `geneval_accuracy` reads (`exact`: the shapes
+judge's variant that also fails extra objects; rewards without it just leave it out)."""
 
 
 def describe(values: Sequence[float]) -> dict[str, float]:

@@ -7,7 +7,12 @@ exclude). Keys:
 - `partial` (default key): fraction of the row's clauses that hold, in [0, 1]. The denser signal for RL: a sample
   with the right shape but the wrong colour scores above an empty image, so groups rarely tie.
 - `strict`: 1.0 iff every clause holds (GenEval's accuracy), 0.0 otherwise.
+- `exact`: 1.0 iff strict AND the image shows no object beyond those the prompt names (`shapes_world.exact_score`):
+  GenEval's strict lets extra objects pass outside counting prompts, exact does not.
+- `exact_partial`: partial credit of exact, the fraction of the clauses plus "no extra object" that hold
+  (`shapes_world.exact_partial_score`): a dense reward that does not pay for clutter.
 - `objects`: number of detected objects (any class, including "other").
+- `extra`: detected objects minus the prompt's object count (> 0: clutter beyond the prompt; < 0: missing ones).
 With `stats=True` (default), off-target statistics that expose reward hacking (`shapes_world.image_stats`):
 - `background`: fraction of background pixels; `specks`: foreground blobs too small to be objects;
   `entropy`: colour-histogram entropy in bits (flat background 0, uniform noise ~9).
@@ -24,7 +29,7 @@ from sanarl.datasets.shapes_captions import shapes_row
 from sanarl.errors import DataError
 from sanarl.rewards.base import Reward, RewardInputError
 
-JUDGE_KEYS = ("partial", "strict", "objects")
+JUDGE_KEYS = ("partial", "strict", "exact", "exact_partial", "objects", "extra")
 STATS_KEYS = ("background", "specks", "entropy")
 
 
@@ -68,7 +73,10 @@ class ShapesReward(Reward):
             result = world.judge(image, row)
             values["partial"].append(result.partial)
             values["strict"].append(result.strict)
+            values["exact"].append(result.exact)
+            values["exact_partial"].append(world.exact_partial_score(result.clauses, result.extra_objects))
             values["objects"].append(float(len(result.objects)))
+            values["extra"].append(float(result.extra_objects))
             if self.stats:
                 stats = world.image_stats(image)
                 values["background"].append(stats["background_fraction"])

@@ -143,10 +143,25 @@ class Runner:
         self.total_steps = self._total_steps()
         self.start_step = 0
         self._held_out = None
+        self.guard = self._build_guard()
         try:
             self.resume_path = resolve_resume(cfg.train.resume, self.ckpt_root)
         except ValueError as err:
             raise UserError(str(err)) from None
+
+    def _build_guard(self):
+        """The reward-hacking alarm of `[validation.guard]` (sanarl/tasks/guard.py), or None; its held-out rewards are
+        built now so a guard key that no reward returns stops the run before training."""
+        cfg = self.cfg.validation
+        if not (cfg.enable and cfg.guard.enable):
+            return None
+        from sanarl.evaluation.scoring import build_rewards
+        from sanarl.tasks.guard import Guard, check_reward_keys
+
+        if cfg.held_out_rewards and self.acc.is_main_process:  # rank 0 scores the validations
+            self._held_out = build_rewards(cfg.held_out_rewards)
+            check_reward_keys(cfg.guard, self._held_out)
+        return Guard(cfg.guard, self.run_dir)
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """`train.compile`: torch.compile the trained forward (mode "default"; the DDP / FSDP wrapper inside).
@@ -302,23 +317,82 @@ class Runner:
             logger.log_video(step, "samples", path)
         else:
             logger.log_image(step, "samples", path)
-        self._log_held_out_rewards(step, logger, images, prompts)
+        logged = self._log_held_out_rewards(step, logger, images, prompts)
+        if self.guard is not None:
+            self.guard.observe(step, images, prompts, logged)
         return path
 
-    def _log_held_out_rewards(self, step: int, logger: MetricsLogger, images, prompts: list[str]) -> None:
+    def _log_held_out_rewards(self, step: int, logger: MetricsLogger, images, prompts: list[str]) -> dict:
         """Reward-hacking guard: score the validation samples with `validation.held_out_rewards` (rewards the run
-        does not train on) and log their means as `heldout/<reward>/<key>`."""
+        does not train on) and log their means as `heldout/<reward>/<key>`; with `[validation.guard]` on, also the
+        samples' image statistics `heldout/image/<stat>`. Returns what was logged."""
         names = self.cfg.validation.held_out_rewards
-        if not names:
-            return
-        from sanarl.evaluation.scoring import build_rewards, score_images
-        from sanarl.evaluation.summary import describe
+        logged: dict[str, float] = {}
+        if names:
+            from sanarl.evaluation.scoring import build_rewards, score_images
+            from sanarl.evaluation.summary import describe
 
-        if self._held_out is None:
-            self._held_out = build_rewards(names)
-        metadata = self.task.validation_metadata(len(prompts))
-        scores = score_images(images, prompts, metadata, self._held_out)
-        logger.log(step, {f"heldout/{key}": describe(values)["mean"] for key, values in scores.items()})
+            if self._held_out is None:
+                self._held_out = build_rewards(names)
+            metadata = self.task.validation_metadata(len(prompts))
+            scores = score_images(images, prompts, metadata, self._held_out)
+            logged = {f"heldout/{key}": describe(values)["mean"] for key, values in scores.items()}
+        if self.guard is not None:
+            from sanarl.tasks.guard import image_guard_stats
+
+            logged.update(image_guard_stats(images))
+        if logged:
+            logger.log(step, logged)
+        return logged
+
+    # --- reward-hacking alarm (sanarl/tasks/guard.py) -----------------------------------------------------------
+    def _guard_after_validation(self, step: int, logger: MetricsLogger) -> bool:
+        """Rank 0's guard decision on the validation at `step`, shared with every rank: keep a checkpoint of this
+        step (a guard metric's new best; every rank gathers) and whether to stop (`action = "stop"` alarm)."""
+        if self.guard is None:
+            return False
+        keep, stop = self.guard.decide(step, logger) if self.acc.is_main_process else (False, False)
+        flags = torch.tensor([float(keep), float(stop)], device=self.acc.device)
+        if self.acc.num_processes > 1:
+            torch.distributed.broadcast(flags, src=0)
+        if flags[0] > 0:
+            tensors, _ = self._full_state()
+            if self.acc.is_main_process:
+                self.guard.keep_checkpoint(step, tensors)
+            self.acc.wait_for_everyone()
+        alarm = self.guard.alarm
+        if self.acc.is_main_process and alarm is not None and alarm.step == step:
+            self.console.print(f"[bold red]{alarm.message(self.cfg.validation.guard.trained_metric)}[/]")
+        return bool(flags[1] > 0)
+
+    def _roll_back_to_guard_best(self) -> Path | None:
+        """Load the guard's best checkpoint (model and EMA weights) on every rank for the export; returns it."""
+        found = self.guard.best_checkpoint() if self.acc.is_main_process else None
+        paths = [str(found) if found else ""]
+        if self.acc.num_processes > 1:
+            torch.distributed.broadcast_object_list(paths, src=0)
+        if not paths[0]:
+            return None
+        tensors, _, _ = load_checkpoint(Path(paths[0]))
+        self.task.load_state_tensors(tensors["model"])
+        if self.ema is not None and "ema" in tensors:
+            ema = tensors["ema"]
+            self.ema.shadow = [
+                shard_like(ema[n], s) for n, s in zip(self.ema.names, self.ema.shadow, strict=True)
+            ]
+        return Path(paths[0])
+
+    def _print_guard_stop(self, rolled_back: Path | None, export_dir: Path | None) -> None:
+        """The final message of a run the guard stopped."""
+        alarm, trained = self.guard.alarm, self.cfg.validation.guard.trained_metric
+        where = f"{export_dir}" if export_dir else "nowhere (train.ckpt.export_safetensors = false)"
+        what = (
+            f"the step-{alarm.best_step} weights (best by the guard)" if rolled_back else "the last weights"
+        )
+        self.console.print(
+            f"[bold yellow]stopped by the reward-hacking guard at step {alarm.step}[/]: {alarm.message(trained)}. "
+            f"Exported {what} to {where}; grids and alarm.json in {self.guard.root}."
+        )
 
     def export(self) -> Path | None:
         """The final model (EMA weights when on) to `export/`: gathered on every rank, written by rank 0."""
@@ -359,6 +433,8 @@ class Runner:
         val = cfg.validation
         if val.enable and val.val_before_train and self.start_step == 0:
             self.validate(0, logger)
+            self._guard_after_validation(0, logger)
+        guard_stop = False
         metrics: dict[str, float] = {}
         columns = (
             TextColumn("[bold]train"),
@@ -374,6 +450,8 @@ class Runner:
                 metrics = self.train_step(step)
                 done = step + 1
                 logger.log(done, metrics)
+                if self.guard is not None:
+                    self.guard.record_step(done, metrics)
                 if self._out_of_time(started):
                     self.total_steps = done
                     self.console.print(
@@ -386,12 +464,19 @@ class Runner:
                     self.save(done)
                 if val.enable and done % val.freq == 0 and done < self.total_steps:
                     self.validate(done, logger)
+                    guard_stop = self._guard_after_validation(done, logger)
+                    if guard_stop:
+                        self.total_steps = done
                 if done >= self.total_steps:
                     break
         self.save(self.total_steps)
-        if val.enable:
+        if val.enable and not guard_stop:
             self.validate(self.total_steps, logger)
+            guard_stop = self._guard_after_validation(self.total_steps, logger)
+        rolled_back = self._roll_back_to_guard_best() if guard_stop else None
         export_dir = self.export()
+        if guard_stop and acc.is_main_process:
+            self._print_guard_stop(rolled_back, export_dir)
         if acc.is_main_process:
             plot_metrics(
                 logger.path, self.run_dir / "metrics.png", ["reward/mean", "loss", "policy_loss", "grad_norm"]

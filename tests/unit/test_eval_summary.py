@@ -77,10 +77,12 @@ def test_paired_comparison_delta_and_stderr():
         paired_delta([1.0], [1.0, 2.0])
 
 
-def _record(method, seed, strict, se, partial=0.5, steps=10, minutes=1.0):
+def _record(method, seed, strict, se, partial=0.5, steps=10, minutes=1.0, exact=None, extra=0.0):
     scores = {
         "shapes/strict": {"mean": strict, "stderr": se},
         "shapes/partial": {"mean": partial, "stderr": 0.01},
+        "shapes/exact": {"mean": strict if exact is None else exact, "stderr": se},
+        "shapes/extra": {"mean": extra, "stderr": 0.0},
     }
     for key in ("background_fraction", "num_blobs", "num_specks", "entropy"):
         scores[f"stats/{key}"] = {"mean": 1.0 if method == "base" else 2.0, "stderr": 0.0}
@@ -92,7 +94,7 @@ def _record(method, seed, strict, se, partial=0.5, steps=10, minutes=1.0):
 def test_bench_aggregate_over_seeds_ratios_and_table():
     records = [
         _record("base", None, 0.10, 0.02, steps=0, minutes=0.0),
-        _record("nft", 0, 0.20, 0.03), _record("nft", 1, 0.30, 0.04),
+        _record("nft", 0, 0.20, 0.03, exact=0.10, extra=1.0), _record("nft", 1, 0.30, 0.04, exact=0.12, extra=2.0),
         _record("grpo", 0, 0.125, 0.02), _record("grpo", 1, 0.125, 0.02),
     ]  # fmt: skip
     rows = {r["method"]: r for r in aggregate(records)}
@@ -104,8 +106,15 @@ def test_bench_aggregate_over_seeds_ratios_and_table():
     assert nft["gain_in_std"] == pytest.approx(0.15 / math.sqrt(0.005))
     assert nft["rollout_images"] == 640 and nft["num_blobs"] == 2.0
     assert math.isnan(rows["grpo"]["gain_in_std"])  # zero seed spread
+    # gains in units of the evaluation's standard error: sqrt(se_nft^2 + se_base^2) = sqrt(0.025^2 + 0.02^2)
+    se = math.sqrt(0.025**2 + 0.02**2)
+    assert nft["strict_gain_se"] == pytest.approx(se) and nft["strict_gain_in_se"] == pytest.approx(0.15 / se)
+    assert nft["exact"] == pytest.approx(0.11) and nft["exact_gain"] == pytest.approx(0.01)
+    assert nft["extra_objects"] == pytest.approx(1.5)
     (ratio,) = ratios(list(rows.values()))
     assert ratio["strict_ratio"] == pytest.approx(0.25 / 0.125)
     text = markdown(list(rows.values()), [ratio], "# bench")
-    assert "| nft | 2 | 0.2500 ± 0.0707 | 0.0250 |" in text
+    assert "| nft | 2 | 0.2500 ± 0.0707 | 0.0250 | 0.1100 ± 0.0141 | 0.0250 |" in text
+    assert f"nft: strict gain over base +0.1500 ± {se:.4f} ({0.15 / se:.1f} eval se" in text
+    assert "| +1.50 |" in text  # objects beyond the prompt's count
     assert "DiffusionNFT vs Flow-GRPO at equal wall time: strict nft / grpo = 2.000" in text

@@ -319,7 +319,8 @@ def test_shapes_reward_equals_the_judge_oracle() -> None:
     oracle = world.judge_batch(images.numpy(), rows)
     assert scores["partial"].tolist() == pytest.approx([r.partial for r in oracle])
     assert scores["strict"].tolist() == [r.strict for r in oracle]
-    assert set(scores) == {"partial", "strict", "objects"}
+    assert set(scores) == {"partial", "strict", "exact", "exact_partial", "objects", "extra"}
+    assert scores["exact"].tolist() == [r.exact for r in oracle]
     assert scores["partial"][1] < 1.0  # the mirror really broke something
 
 

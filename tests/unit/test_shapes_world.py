@@ -412,3 +412,62 @@ def test_image_stats_hand_computed():
     }
     scene = W.render(_row("train", "a red square and a yellow circle"), 32, 0)
     assert W.image_stats(scene)["num_blobs"] == 2.0
+
+
+# ---------------------------------------------------------------- the exact judge variant
+
+
+def _two_object_row() -> dict:
+    """ "a blue triangle and a green circle" (held-out colour pair), GenEval's color_attr row by hand."""
+    return {
+        "tag": "color_attr",
+        "include": [
+            {"class": "triangle", "count": 1, "color": "blue"},
+            {"class": "circle", "count": 1, "color": "green"},
+        ],
+        "prompt": "a blue triangle and a green circle",
+    }
+
+
+def test_exact_fails_an_extra_object_that_strict_lets_pass():
+    # 64 px, boxes of 14 px with >= 8 px gaps: the prompt's two objects, then the same scene plus two blue squares
+    row = _two_object_row()
+    named = [
+        W.SceneObject("triangle", "blue", 12.0, 12.0, 14.0),
+        W.SceneObject("circle", "green", 40.0, 12.0, 14.0),
+    ]
+    extra = [
+        W.SceneObject("square", "blue", 12.0, 44.0, 14.0),
+        W.SceneObject("triangle", "blue", 40.0, 44.0, 14.0),
+    ]
+    right, cluttered = W.judge(W.draw_scene(named, 64), row), W.judge(W.draw_scene(named + extra, 64), row)
+    assert (right.strict, right.exact, right.extra_objects) == (1.0, 1.0, 0)
+    # GenEval's clauses are all "at least": four objects still satisfy both colour / count clauses
+    assert cluttered.strict == 1.0 and all(cluttered.clauses.values())
+    assert (cluttered.exact, cluttered.extra_objects) == (0.0, 2)
+    # exact's partial credit: 4 clauses (2 count, 2 colour) + "no extra object"; cluttered: 4 of 5 hold
+    assert W.exact_partial_score(right.clauses, right.extra_objects) == 1.0
+    assert W.exact_partial_score(cluttered.clauses, cluttered.extra_objects) == pytest.approx(4 / 5)
+
+
+def test_exact_on_counting_and_missing_objects():
+    three = {"tag": "counting", "include": [{"class": "square", "count": 3}],
+             "exclude": [{"class": "square", "count": 4}], "prompt": "three squares"}  # fmt: skip
+    squares = [W.SceneObject("square", "red", x, 12.0, 12.0) for x in (10.0, 32.0, 54.0)]
+    assert W.prompt_object_count(three) == 3
+    ok = W.judge(W.draw_scene(squares, 64), three)
+    assert (ok.strict, ok.exact, ok.extra_objects) == (1.0, 1.0, 0)
+    # a fourth object of ANOTHER class: no exclude clause covers it, so strict passes and exact fails
+    plus_circle = W.judge(
+        W.draw_scene(squares + [W.SceneObject("circle", "red", 32.0, 48.0, 14.0)], 64), three
+    )
+    assert (plus_circle.strict, plus_circle.exact, plus_circle.extra_objects) == (1.0, 0.0, 1)
+    # two squares: strict fails (count), exact with it; extra_objects is negative
+    short = W.judge(W.draw_scene(squares[:2], 64), three)
+    assert (short.strict, short.exact, short.extra_objects) == (0.0, 0.0, -1)
+
+
+def test_exact_equals_strict_on_ground_truth_renders():
+    for meta, seed in (W.sample_item("test", 5, i) for i in range(60)):
+        result = W.judge(W.render(meta, 32, seed), meta)
+        assert result.exact == result.strict == 1.0 and result.extra_objects == 0

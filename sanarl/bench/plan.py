@@ -1,0 +1,69 @@
+"""What `sanarl bench shapes` runs by default, and the old full grid behind `--full`.
+
+Default (`DEFAULT`): DiffusionNFT and Flow-GRPO-Fast, one seed each, 30 training minutes, the two side by side on
+2 cores (`--jobs 2`): about 35 minutes of wall time with the evaluations. Chosen from measurements, not from a
+60-minute run of these defaults (docs/shapes.md, "The bench"; docs/results.md): NFT alone on an idle core gained +0.150 held-out
+strict (about 7 evaluation standard errors) in 15 minutes, while the full grid's 4-minute runs (+0.014) stayed within
+one standard error. `FULL`: the session-3 grid, every method x 3 seeds x 4 minutes (about an hour on 2 cores).
+Explicit `--methods`, `--seeds`, `--budget-minutes` override either.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sanarl.errors import UserError
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """The (method, seed) runs of a bench and their training budget."""
+
+    methods: tuple[str, ...]
+    seeds: int
+    budget_minutes: float
+
+    def runs(self) -> list[tuple[str, int]]:
+        return [(m, s) for m in self.methods for s in range(self.seeds)]
+
+    def training_wall_minutes(self, jobs: int) -> float:
+        """Wall minutes of the training alone with `jobs` runs at a time (rounds x budget; evaluations extra)."""
+        return math.ceil(len(self.runs()) / jobs) * self.budget_minutes
+
+
+DEFAULT = BenchPlan(("nft", "grpo"), seeds=1, budget_minutes=30.0)
+FULL = BenchPlan(("nft", "nft-solrl", "grpo", "soar", "sft-more"), seeds=3, budget_minutes=4.0)
+
+
+def resolve_plan(
+    full: bool, methods: str | None, seeds: int | None, budget_minutes: float | None
+) -> BenchPlan:
+    """`DEFAULT` (or `FULL` with `--full`), with each explicitly given option replacing its value.
+
+    Raises:
+        ConfigError: an unknown method (methods.parse_methods); UserError: seeds < 1 or budget <= 0.
+    """
+    from sanarl.bench.methods import parse_methods
+
+    base = FULL if full else DEFAULT
+    plan = BenchPlan(
+        tuple(parse_methods(methods)) if methods is not None else base.methods,
+        base.seeds if seeds is None else seeds,
+        base.budget_minutes if budget_minutes is None else budget_minutes,
+    )
+    if plan.seeds < 1 or not plan.budget_minutes > 0:
+        raise UserError(
+            f"`--seeds` must be >= 1 and `--budget-minutes` > 0 (got {plan.seeds}, {plan.budget_minutes:g})."
+        )
+    return plan
+
+
+def describe_plan(plan: BenchPlan, jobs: int) -> str:
+    """One line: what runs and the training wall time it takes."""
+    runs = len(plan.runs())
+    return (
+        f"{', '.join(plan.methods)} x {plan.seeds} seed(s) = {runs} run(s) of {plan.budget_minutes:g} training "
+        f"minutes, {min(jobs, runs)} at a time: {plan.training_wall_minutes(jobs):g} minutes of training wall time "
+        "plus the evaluations"
+    )

@@ -1,0 +1,259 @@
+"""The reward-hacking alarm (`[validation.guard]`, docs/shapes.md "Reward-hacking alarm").
+
+At every validation the runner hands the guard the validation metrics (`heldout/<reward>/<key>` of the rewards the
+run does not train on, and `heldout/image/<stat>` image statistics of the same samples). A guard metric's *best*
+validation is the one where it is best so far (earliest on ties). The alarm fires at a validation when, for some
+guard metric, the value is worse than its best by more than `margin` AND the trained reward rose: its mean over the
+steps before this validation exceeds its value at the best validation by more than `min_trained_rise` (the trained
+reward of a validation = the mean of `trained_metric` over the steps since the previous validation; for the first,
+before any step, the steps up to the next one). The guard keeps a checkpoint of every metric's best validation
+(`<run>/guard/step_*`), so `action = "stop"` can stop the run and export that one (rollback). Every alarm writes
+`guard/alarm_step_*.png` (top row the best validation's samples, bottom row the current ones) and `guard/alarm.json`.
+
+`find_alarm` is the pure decision; `Guard` the state the runner keeps (runner.py calls `record_step`, `observe`,
+`decide`, `keep_checkpoint`, `best_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from sanarl.config.schema import GuardConfig, GuardMetricConfig
+from sanarl.core.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
+
+IMAGE_PREFIX = "heldout/image/"
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """A guard metric worse than its best by more than its margin while the trained reward rose."""
+
+    key: str
+    step: int
+    value: float
+    best_step: int
+    best: float
+    margin: float
+    trained_now: float
+    trained_best: float
+
+    @property
+    def worsening(self) -> float:
+        return abs(self.value - self.best)
+
+    def message(self, trained_metric: str) -> str:
+        rise = (
+            f" while {trained_metric} rose {self.trained_best:.4g} -> {self.trained_now:.4g}"
+            if trained_metric
+            else ""
+        )
+        return (
+            f"guard: {self.key} worsened from {self.best:.4g} (best, step {self.best_step}) to {self.value:.4g} at "
+            f"step {self.step}, by {self.worsening:.4g} > margin {self.margin:g}{rise}"
+        )
+
+
+def image_guard_stats(images: torch.Tensor) -> dict[str, float]:
+    """Mean brightness (Rec. 601 luma) and HSV saturation ((max - min) / max over RGB) of images `[B, 3, ...]` in
+    [0, 1] (video clips `[B, 3, T, H, W]` too), keyed `heldout/image/<stat>`."""
+    x = images.detach().float().clamp(0, 1)
+    weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, *([1] * (x.ndim - 2)))
+    luma = (x * weights).sum(dim=1)
+    high, low = x.max(dim=1).values, x.min(dim=1).values
+    saturation = torch.where(high > 0, (high - low) / high.clamp_min(1e-12), torch.zeros_like(high))
+    return {
+        f"{IMAGE_PREFIX}brightness": float(luma.mean()),
+        f"{IMAGE_PREFIX}saturation": float(saturation.mean()),
+    }
+
+
+def window_mean(series: Sequence[tuple[int, float]], after: float, upto: float) -> float:
+    """Mean of the finite values of (step, value) pairs with after < step <= upto; NaN when there are none."""
+    vals = [v for s, v in series if after < s <= upto and math.isfinite(v)]
+    return math.fsum(vals) / len(vals) if vals else math.nan
+
+
+def trained_at(series: Sequence[tuple[int, float]], steps: Sequence[int], i: int) -> float:
+    """The trained reward of validation i (at steps[i]): the mean over the steps since the previous validation, or,
+    when no step came before it (a validation before training), over the steps up to the next validation."""
+    value = window_mean(series, steps[i - 1] if i > 0 else -math.inf, steps[i])
+    if math.isnan(value) and i + 1 < len(steps):
+        value = window_mean(series, steps[i], steps[i + 1])
+    return value
+
+
+def best_index(values: Sequence[float], worse: str) -> int | None:
+    """Index of the best finite value (the lowest when `worse` = "higher", else the highest; earliest on ties)."""
+    finite = [(v, i) for i, v in enumerate(values) if math.isfinite(v)]
+    if not finite:
+        return None
+    sign = 1.0 if worse == "higher" else -1.0
+    return min(finite, key=lambda vi: (sign * vi[0], vi[1]))[1]
+
+
+def find_alarm(
+    steps: Sequence[int],
+    values: Mapping[str, Sequence[float]],
+    rules: Sequence[GuardMetricConfig],
+    trained: Sequence[tuple[int, float]] | None,
+    min_trained_rise: float = 0.0,
+) -> Alarm | None:
+    """The alarm at the last validation (steps[-1]), or None.
+
+    `values[key][i]` is guard metric `key` at validation i; `trained` the (step, trained reward) series, None to
+    fire on the guard metrics alone. The first rule (in config order) that fires is returned.
+    """
+    last = len(steps) - 1
+    for rule in rules:
+        series = values.get(rule.key, [])
+        best = best_index(series, rule.worse)
+        if best is None or best == last or not math.isfinite(series[last]):
+            continue
+        worse_by = (series[last] - series[best]) * (1.0 if rule.worse == "higher" else -1.0)
+        if not worse_by > rule.margin:
+            continue
+        now = trained_at(trained, steps, last) if trained is not None else math.nan
+        then = trained_at(trained, steps, best) if trained is not None else math.nan
+        if trained is not None and not now - then > min_trained_rise:  # NaN: the rise is not shown
+            continue
+        return Alarm(rule.key, steps[last], series[last], steps[best], series[best], rule.margin, now, then)
+    return None
+
+
+def check_reward_keys(cfg: GuardConfig, rewards: Mapping[str, object]) -> None:
+    """Before training: every `heldout/<reward>/<key>` guard key names a key that built reward returns.
+
+    Raises:
+        ConfigError: naming the guard key and the reward's keys.
+    """
+    from sanarl.errors import ConfigError
+
+    for i, rule in enumerate(cfg.metrics):
+        _, name, key = rule.key.split("/", 2)
+        keys = getattr(rewards.get(name), "keys", None)
+        if name != "image" and keys is not None and key not in keys:
+            raise ConfigError(
+                f"`validation.guard.metrics[{i}].key` = {rule.key!r}: reward {name!r} returns the keys "
+                f"{list(keys)}, not {key!r}; use one of `heldout/{name}/<key>` with those."
+            )
+
+
+class Guard:
+    """The alarm's state in one run (rank 0 observes and decides; every rank takes part in `keep_checkpoint`'s
+    gather through the runner)."""
+
+    def __init__(self, cfg: GuardConfig, run_dir: Path) -> None:
+        self.cfg, self.root = cfg, run_dir / "guard"
+        self.steps: list[int] = []
+        self.values: dict[str, list[float]] = {m.key: [] for m in cfg.metrics}
+        self.trained: list[tuple[int, float]] = []
+        self.samples: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        self.alarm: Alarm | None = None
+        self.step_keys: set[str] = set()
+
+    def record_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Keep the trained reward of optimizer step `step`."""
+        key = self.cfg.trained_metric
+        self.step_keys.update(metrics)
+        if key and metrics.get(key) is not None:
+            self.trained.append((step, float(metrics[key])))
+
+    def observe(
+        self, step: int, images: torch.Tensor, prompts: list[str], logged: Mapping[str, float]
+    ) -> None:
+        """The validation at `step`: its logged metrics and samples (kept while they are some metric's best).
+
+        Raises:
+            ConfigError: a guard key the validation did not log, naming the keys it did log.
+        """
+        missing = [k for k in self.values if k not in logged]
+        if missing:
+            from sanarl.errors import ConfigError
+
+            raise ConfigError(
+                f"`validation.guard.metrics` key(s) {missing} were not logged by the validation; it logged "
+                f"{sorted(logged)}. Use one of those keys."
+            )
+        self.steps.append(step)
+        for key in self.values:
+            self.values[key].append(float(logged[key]))
+        self.samples[step] = (images.detach().cpu(), list(prompts))
+
+    def best_steps(self) -> set[int]:
+        """The validation step that is each guard metric's best so far."""
+        found = set()
+        for rule in self.cfg.metrics:
+            i = best_index(self.values[rule.key], rule.worse)
+            if i is not None:
+                found.add(self.steps[i])
+        return found
+
+    def decide(self, step: int, logger=None) -> tuple[bool, bool]:
+        """After `observe(step)`: (keep a checkpoint of this step, stop the run). An alarm is logged (`guard/alarm`),
+        drawn (`guard/alarm_step_*.png`) and recorded (`guard/alarm.json`)."""
+        trained = self.trained if self.cfg.trained_metric else None
+        if trained is not None and not trained and self.step_keys:
+            from sanarl.errors import ConfigError
+
+            raise ConfigError(
+                f"`validation.guard.trained_metric` = {self.cfg.trained_metric!r} is not a metric this run logs per "
+                f'step ({", ".join(sorted(self.step_keys))}); set it to one of those, or to "" to fire on the guard '
+                "metrics alone."
+            )
+        alarm = find_alarm(self.steps, self.values, self.cfg.metrics, trained, self.cfg.min_trained_rise)
+        best = self.best_steps()
+        self.samples = {s: v for s, v in self.samples.items() if s in best or s == step}
+        if logger is not None:
+            logger.log(step, {"guard/alarm": float(alarm is not None)})
+        if alarm is None:
+            return step in best, False
+        self.alarm = alarm
+        grid = self._write_alarm(alarm)
+        if logger is not None and grid is not None:
+            logger.log_image(step, "guard/alarm", grid)
+        return step in best, self.cfg.action == "stop"
+
+    def _write_alarm(self, alarm: Alarm) -> Path | None:
+        """guard/alarm.json (every alarm so far) and the best-vs-current grid of this one."""
+        from sanarl.core.media import save_media
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        record = self.root / "alarm.json"
+        history = json.loads(record.read_text()) if record.is_file() else []
+        entry = {
+            **asdict(alarm),
+            "message": alarm.message(self.cfg.trained_metric),
+            "action": self.cfg.action,
+        }
+        record.write_text(json.dumps([*history, entry], indent=2) + "\n")
+        if alarm.best_step not in self.samples or alarm.step not in self.samples:
+            return None
+        (best, prompts), (now, _) = self.samples[alarm.best_step], self.samples[alarm.step]
+        k = min(8, best.shape[0], now.shape[0])
+        captions = [f"step {alarm.best_step} (best): {p}" for p in prompts[:k]]
+        captions += [f"step {alarm.step}: {p}" for p in prompts[:k]]
+        stem = self.root / f"alarm_{checkpoint_name(alarm.step)}"
+        return save_media(torch.cat([best[:k], now[:k]]), captions, stem, columns=k)
+
+    def keep_checkpoint(self, step: int, tensors: dict[str, dict[str, torch.Tensor]]) -> Path:
+        """Write the weights of validation `step` (a metric's new best) and drop kept ones no metric needs now."""
+        path = save_checkpoint(self.root, step, tensors, {}, {"guard": "best validation"})
+        best = self.best_steps()
+        for old in list_checkpoints(self.root):
+            if int(old.name.split("_")[-1]) not in best:
+                shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def best_checkpoint(self) -> Path | None:
+        """The kept checkpoint of the alarm's best validation (what a stop exports), or None."""
+        if self.alarm is None:
+            return None
+        path = self.root / checkpoint_name(self.alarm.best_step)
+        return path if (path / "meta.json").is_file() else None

@@ -1,0 +1,45 @@
+"""`sanarl bench shapes` defaults (NFT and Flow-GRPO-Fast, 1 seed, 30 minutes) and the full grid behind `--full`;
+`--plan` prints the runs without running anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from sanarl.bench.plan import DEFAULT, FULL, BenchPlan, resolve_plan
+from sanarl.errors import ConfigError, UserError
+
+
+def test_defaults_and_the_full_grid():
+    assert resolve_plan(False, None, None, None) == DEFAULT == BenchPlan(("nft", "grpo"), 1, 30.0)
+    assert resolve_plan(True, None, None, None) == FULL
+    assert FULL.methods == ("nft", "nft-solrl", "grpo", "soar", "sft-more") and FULL.seeds == 3
+    # 2 runs side by side: one round of 30 minutes; the full grid: 15 runs -> 8 rounds of 4 minutes
+    assert DEFAULT.training_wall_minutes(jobs=2) == 30.0 and FULL.training_wall_minutes(jobs=2) == 32.0
+
+
+def test_explicit_options_replace_the_plan_values():
+    plan = resolve_plan(True, "soar,sft-more", 2, None)
+    assert plan == BenchPlan(("soar", "sft-more"), 2, 4.0)
+    assert plan.runs() == [("soar", 0), ("soar", 1), ("sft-more", 0), ("sft-more", 1)]
+    assert resolve_plan(False, None, 3, 12.5) == BenchPlan(("nft", "grpo"), 3, 12.5)
+    with pytest.raises(ConfigError, match="dpo.*sft-more"):
+        resolve_plan(False, "nft,dpo", None, None)
+    with pytest.raises(UserError, match="--seeds"):
+        resolve_plan(False, None, 0, None)
+    with pytest.raises(UserError, match="--budget-minutes"):
+        resolve_plan(False, None, None, 0.0)
+
+
+def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
+    out = tmp_path / "bench"
+    code, stdout, stderr = run_cli("bench", "shapes", "--plan", "--output", out)
+    assert code == 0, stderr
+    flat = " ".join(stdout.split())
+    assert "nft, grpo x 1 seed(s) = 2 run(s) of 30 training minutes, 2 at a time: 30 minutes" in flat
+    assert not out.exists()
+    code, stdout, _ = run_cli("bench", "shapes", "--plan", "--full", "--jobs", "1", "--output", out)
+    assert code == 0 and "15 run(s) of 4 training minutes, 1 at a time: 60 minutes" in " ".join(
+        stdout.split()
+    )
+    code, _, stderr = run_cli("bench", "shapes", "--plan", "--seeds", "0", "--output", out)
+    assert code == 2 and "--seeds" in stderr

@@ -1,0 +1,181 @@
+"""The reward-hacking alarm (sanarl/tasks/guard.py, `[validation.guard]`): hand-derived guard series that trigger
+and do not trigger, the guard's bookkeeping of best checkpoints and grids, and its config checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+from sanarl.config import loads_config
+from sanarl.config.schema import GuardConfig, GuardMetricConfig
+from sanarl.errors import ConfigError
+from sanarl.tasks.guard import Alarm, Guard, best_index, find_alarm, image_guard_stats, trained_at
+
+EXTRA = GuardMetricConfig("heldout/shapes/extra", "higher", 0.5)
+BRIGHT = GuardMetricConfig("heldout/image/brightness", "lower", 0.1)
+STEPS = [0, 10, 20]
+# trained reward 0.4 on steps 1..10, 0.5 on steps 11..20: it rose by 0.1 between the two windows
+RISING = [(s, 0.4) for s in range(1, 11)] + [(s, 0.5) for s in range(11, 21)]
+FALLING = [(s, 0.5) for s in range(1, 11)] + [(s, 0.4) for s in range(11, 21)]
+
+
+def test_extra_objects_rising_past_the_margin_while_the_reward_rises_fires():
+    # best extra-objects 0.0 at step 0; at step 20 it is 0.6: worse by 0.6 > 0.5. The trained reward of step 0 (no
+    # step before it) is the next window's mean 0.4, of step 20 the mean over steps 11..20 = 0.5: it rose.
+    alarm = find_alarm(STEPS, {EXTRA.key: [0.0, 0.2, 0.6]}, [EXTRA], RISING)
+    assert alarm == Alarm(EXTRA.key, 20, 0.6, 0, 0.0, 0.5, 0.5, 0.4)
+    assert alarm.worsening == pytest.approx(0.6)
+    text = alarm.message("reward/mean")
+    assert "heldout/shapes/extra worsened from 0 (best, step 0) to 0.6 at step 20" in text
+    assert "by 0.6 > margin 0.5 while reward/mean rose 0.4 -> 0.5" in text
+
+
+@pytest.mark.parametrize(
+    "values, trained, rise, why",
+    [
+        ([0.0, 0.2, 0.5], RISING, 0.0, "worse by exactly the margin: not more"),
+        ([0.0, 0.2, 0.6], FALLING, 0.0, "the trained reward fell 0.5 -> 0.4"),
+        ([0.0, 0.2, 0.6], RISING, 0.1, "it rose by 0.1, not by more than min_trained_rise 0.1"),
+        ([0.7, 0.9, 0.1], RISING, 0.0, "the last validation is the best one"),
+        ([0.0, 0.2, math.nan], RISING, 0.0, "no finite value at the last validation"),
+    ],
+)
+def test_no_alarm(values, trained, rise, why):
+    assert find_alarm(STEPS, {EXTRA.key: values}, [EXTRA], trained, rise) is None, why
+
+
+def test_lower_is_worse_and_no_trained_condition():
+    # brightness best 0.5 (step 0), now 0.3: worse by 0.2 > 0.1; trained=None fires on the guard metric alone
+    alarm = find_alarm(STEPS, {BRIGHT.key: [0.5, 0.45, 0.3]}, [BRIGHT], None)
+    assert (alarm.key, alarm.best_step, alarm.best, alarm.value) == (BRIGHT.key, 0, 0.5, 0.3)
+    assert math.isnan(alarm.trained_now) and "rose" not in alarm.message("")
+    assert find_alarm(STEPS, {BRIGHT.key: [0.5, 0.45, 0.45]}, [BRIGHT], None) is None  # worse by 0.05 only
+
+
+def test_first_firing_rule_wins_and_ties_pick_the_earliest_best():
+    values = {EXTRA.key: [0.1, 0.2, 0.3], BRIGHT.key: [0.5, 0.5, 0.2]}
+    alarm = find_alarm(STEPS, values, [EXTRA, BRIGHT], RISING)
+    assert alarm.key == BRIGHT.key and alarm.best_step == 0  # EXTRA is worse by 0.2 only; BRIGHT by 0.3
+    assert best_index([0.5, 0.5, 0.2], "lower") == 0 and best_index([0.2, 0.1, 0.1], "higher") == 1
+    assert best_index([math.nan, 0.3], "higher") == 1 and best_index([math.nan], "higher") is None
+
+
+def test_trained_reward_of_a_validation():
+    assert trained_at(RISING, STEPS, 2) == pytest.approx(0.5)  # steps 11..20
+    assert trained_at(RISING, STEPS, 1) == pytest.approx(0.4)  # steps 1..10
+    assert trained_at(RISING, STEPS, 0) == pytest.approx(0.4)  # before training: the window after it
+    assert math.isnan(trained_at([], STEPS, 2))
+
+
+def test_image_guard_stats_by_hand():
+    # one image, two pixels: pure red (luma 0.299, saturation 1) and mid grey 0.5 (luma 0.5, saturation 0)
+    img = torch.tensor([[[1.0, 0.5]], [[0.0, 0.5]], [[0.0, 0.5]]]).unsqueeze(0)  # [1, 3, 1, 2]
+    stats = image_guard_stats(img)
+    assert stats["heldout/image/brightness"] == pytest.approx((0.299 + 0.5) / 2)
+    assert stats["heldout/image/saturation"] == pytest.approx(0.5)
+    clip = img.unsqueeze(2).repeat(1, 1, 3, 1, 1)  # video [1, 3, T, 1, 2]: the same means
+    assert image_guard_stats(clip) == pytest.approx(stats)
+
+
+def _tensors(value: float) -> dict[str, dict[str, torch.Tensor]]:
+    return {"model": {"w": torch.full((2,), value)}}
+
+
+def test_guard_keeps_the_best_checkpoint_and_draws_the_alarm(tmp_path):
+    guard = Guard(GuardConfig(enable=True, metrics=[EXTRA], action="stop"), tmp_path)
+    images = [torch.full((2, 3, 8, 8), v) for v in (0.1, 0.2, 0.3)]
+    decisions = []
+    for step, extra, img in zip(STEPS, [0.3, 0.0, 0.9], images, strict=True):
+        for s in range(step - 9, step + 1):
+            if s > 0:
+                guard.record_step(s, {"reward/mean": 0.4 if s <= 10 else 0.5})
+        guard.observe(step, img, ["a circle", "a square"], {EXTRA.key: extra, "heldout/shapes/strict": 0.5})
+        keep, stop = guard.decide(step)
+        decisions.append((keep, stop))
+        if keep:
+            guard.keep_checkpoint(step, _tensors(float(step)))
+    # step 0 and step 10 are new bests (kept, step 0 then dropped); step 20 is worse by 0.9 > 0.5 while the reward
+    # rose (0.4 over steps 1..10 -> 0.5 over 11..20): stop, roll back to step 10
+    assert decisions == [(True, False), (True, False), (False, True)]
+    assert sorted(p.name for p in (tmp_path / "guard").glob("step_*")) == ["step_00000010"]
+    assert guard.best_checkpoint() == tmp_path / "guard" / "step_00000010"
+    (record,) = json.loads((tmp_path / "guard" / "alarm.json").read_text())
+    assert (record["best_step"], record["step"], record["action"]) == (10, 20, "stop")
+    grid = Image.open(tmp_path / "guard" / "alarm_step_00000020.png")
+    assert grid.size == (2 * 128, 2 * (128 + 34))  # two columns (the samples), rows best / current
+    assert set(guard.samples) == {10, 20}
+
+
+def test_a_guard_key_the_validation_did_not_log_names_what_it_logged(tmp_path):
+    guard = Guard(GuardConfig(enable=True, metrics=[EXTRA]), tmp_path)
+    with pytest.raises(ConfigError, match=r"heldout/shapes/extra.*heldout/shapes/strict"):
+        guard.observe(0, torch.zeros(1, 3, 8, 8), ["a circle"], {"heldout/shapes/strict": 1.0})
+
+
+def test_a_trained_metric_the_steps_do_not_log_is_named(tmp_path):
+    guard = Guard(GuardConfig(enable=True, metrics=[EXTRA]), tmp_path)  # trained_metric "reward/mean"
+    guard.record_step(1, {"loss": 0.5, "lr": 1e-4})  # an SFT step: no reward
+    guard.observe(1, torch.zeros(1, 3, 8, 8), ["a circle"], {EXTRA.key: 0.0})
+    with pytest.raises(
+        ConfigError, match=r"'reward/mean' is not a metric this run logs per step \(loss, lr\)"
+    ):
+        guard.decide(1)
+
+
+GUARD_TOML = """
+[validation]
+enable = {enable}
+held_out_rewards = ["shapes"]
+[validation.guard]
+enable = true
+action = "{action}"
+[[validation.guard.metrics]]
+key = "{key}"
+worse = "{worse}"
+margin = {margin}
+"""
+
+
+def _load(enable="true", action="stop", key="heldout/shapes/extra", worse="higher", margin=0.3):
+    text = GUARD_TOML.format(enable=enable, action=action, key=key, worse=worse, margin=margin)
+    return loads_config(text).config.validation.guard
+
+
+def test_guard_config_is_typed_and_strict():
+    guard = _load()
+    assert (
+        guard.metrics == [GuardMetricConfig("heldout/shapes/extra", "higher", 0.3)] and guard.action == "stop"
+    )
+    assert _load(key="heldout/image/saturation", worse="lower").metrics[0].worse == "lower"
+    bad = [
+        ({"enable": "false"}, "validation.enable = true"),
+        ({"action": "halt"}, r"validation.guard.action.*'log', 'stop'"),
+        ({"key": "heldout/clip/score"}, r"metrics\[0\].key.*'clip'.*held_out_rewards"),
+        ({"key": "reward/mean"}, r"metrics\[0\].key.*heldout/<reward>/<key>"),
+        ({"key": "heldout/image/contrast"}, r"'brightness', 'saturation'"),
+        ({"worse": "up"}, r"metrics\[0\].worse.*'higher', 'lower'"),
+        ({"margin": -0.1}, r"metrics\[0\].margin.*>= 0"),
+    ]
+    for change, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            _load(**change)
+    with pytest.raises(ConfigError, match=r"no `\[\[validation.guard.metrics\]\]`"):
+        loads_config("[validation]\nenable = true\n[validation.guard]\nenable = true\n")
+    with pytest.raises(ConfigError, match="marg"):
+        loads_config(GUARD_TOML.format(enable="true", action="log", key="heldout/shapes/extra", worse="higher",
+                                       margin=0.1).replace("margin", "margn"))  # fmt: skip
+
+
+def test_a_reward_key_the_reward_does_not_return_is_named_before_training():
+    from sanarl.rewards.shapes import ShapesReward
+    from sanarl.tasks.guard import check_reward_keys
+
+    rewards = {"shapes": ShapesReward()}
+    check_reward_keys(GuardConfig(enable=True, metrics=[EXTRA, BRIGHT]), rewards)  # both exist
+    bad = GuardConfig(enable=True, metrics=[GuardMetricConfig("heldout/shapes/clutter")])
+    with pytest.raises(ConfigError, match=r"metrics\[0\].key.*'shapes' returns the keys.*'extra'"):
+        check_reward_keys(bad, rewards)
