@@ -14,7 +14,8 @@ How each kind runs (in a scratch folder that links the checkout's files, as a us
 - `accelerate launch ... -m sanarl ARGS`: its --config_file exists and ARGS validate for --num_processes ranks.
 - `sanarl-reward --config X`: X loads and its rewards build (the live service: tests/service/).
 - synopsis lines (placeholders such as PRESET, `...`, `[--flag]`): their command's `--help` works.
-- `printf ... > file`: run (later commands read the file).
+- `printf ... > file` and `python benchmarks/...`: run as written (later commands read the file; the
+  benchmarks documented in docs/ take seconds on the tiny models).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ EXAMPLE_PLUGIN = "examples/plugins/my_prompts.py"
 
 NOT_RUN: list[tuple[str, str]] = [
     (r"^pip |^apt-get ", "installs packages: CI's own install (.ci/run) and scripts/check_wheel.sh do this"),
-    (r"^bash scripts/test\.sh", "the test suite itself (CI runs it)"),
+    (r"^bash scripts/test\.sh|^python -m pytest", "the test suite itself (CI runs it)"),
     (r"^hf download|^python -c \"import torch, torchvision", "downloads weights (no network in tests)"),
     (r"^mkdir -p reward_ckpts|^cp ", "places downloaded reward weights (docs/rewards.md)"),
     (
@@ -51,7 +52,15 @@ NOT_RUN: list[tuple[str, str]] = [
         "the live reward-service walkthrough (tests/service/ drives it)",
     ),
     (r"--checkpoint outputs/sana-nft", "needs a trained SANA 1.5 run and GenEval / PickScore weights (GPU)"),
+    (
+        r"--checkpoint outputs/nft-guard/",
+        "reads the two 15-minute runs docs/results.md records (their commands above it are validated)",
+    ),
     (r"--config my-soar\.toml", "the reader's own preset and bucketed JSONL data"),
+    (
+        r"local_dir=/path/to/",
+        "the reader's own data (docs/cosmos-rl.md's validate block runs the same preset on the shipped examples)",
+    ),
     (
         r"local_dir=/data/",
         "the reader's own data under /data/ (the preset validates in tests/integration/test_cli.py)",
@@ -122,6 +131,8 @@ def plan(text: str) -> str:
         return "accelerate"
     if words[0] == "sanarl-reward":
         return "service"
+    if words[0] == "python" and len(words) > 1 and words[1].startswith("benchmarks/"):
+        return "shell"
     if words[0] == "python" and words[1:3] == ["-m", "sanarl"]:
         words = words[2:]
     if words[0] != "sanarl":
@@ -168,11 +179,13 @@ def test_the_worked_plugin_example_and_the_readme_commands_are_covered():
 # --- running them ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """A scratch folder that looks like the repository root (its top-level entries linked)."""
+    """A scratch folder that looks like the repository root (its top-level entries linked), with `configs/`
+    standing for a Cosmos-RL checkout's (docs/cosmos-rl.md): the stored copies of its diffusion presets."""
     folder = tmp_path_factory.mktemp("docs-cwd")
     for entry in ROOT.iterdir():
         if entry.name not in {".git", "outputs", "build"}:
             (folder / entry.name).symlink_to(entry)
+    (folder / "configs").symlink_to(ROOT / "tests" / "data" / "cosmos_rl")
     return folder
 
 

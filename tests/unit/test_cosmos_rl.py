@@ -345,7 +345,14 @@ def test_reward_lines_read_the_registry() -> None:
 
 def _validate_args(preset: Path) -> list[str]:
     if "sft" in preset.name:
-        data = ROOT / "sanarl" / "data" / "datasets" / "examples" / ("sft_video" if "video" in preset.name else "sft")
+        data = (
+            ROOT
+            / "sanarl"
+            / "data"
+            / "datasets"
+            / "examples"
+            / ("sft_video" if "video" in preset.name else "sft")
+        )
         return [
             "cosmos_rl.tools.dataset.diffusers_dataset",
             "--set",

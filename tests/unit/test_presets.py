@@ -48,7 +48,9 @@ def test_the_repository_presets_path_names_the_shipped_preset(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     for spelling in ("presets/tiny-shapes-nft.toml", "./presets/tiny-shapes-nft.toml"):
         assert resolve_preset_path(spelling) == presets_dir() / "tiny-shapes-nft.toml"
-    assert load_config("presets/tiny-shapes-nft.toml").config.policy.model_name_or_path.startswith("sanarl-tiny:")
+    assert load_config("presets/tiny-shapes-nft.toml").config.policy.model_name_or_path.startswith(
+        "sanarl-tiny:"
+    )
 
 
 def test_another_missing_path_to_a_shipped_name_names_the_fix(tmp_path, monkeypatch):
