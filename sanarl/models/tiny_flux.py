@@ -15,13 +15,14 @@ from __future__ import annotations
 import torch
 
 from sanarl.models.tiny import SPECIAL_TOKENS
-from sanarl.models.tiny_sd3 import CLIP_LENGTH, _tokenizer
+from sanarl.models.tiny_sd3 import CLIP_LENGTH, TEXT_WIDTH, _tokenizer, tiny_t5, tiny_vae
 
-TEXT_WIDTH = 32
-"""T5 width = transformer `joint_attention_dim`."""
 POOLED_WIDTH = 16
 """CLIP hidden width = transformer `pooled_projection_dim` (FLUX pools CLIP-L's 768-wide `pooler_output`)."""
 LATENT_CHANNELS = 4
+"""As the tiny SD3 VAE's (tiny_sd3.tiny_vae)."""
+FLUX_LATENT_SCALE = (0.3611, 0.1159)
+"""FLUX's VAE (scaling_factor, shift_factor)."""
 PAD, BOS, EOS = (SPECIAL_TOKENS.index(t) for t in ("<pad>", "<bos>", "<eos>"))
 
 FLUX_DEV_SCHEDULER = {
@@ -55,45 +56,6 @@ def _clip(vocab_size: int):
     return CLIPTextModel(cfg)
 
 
-def _t5(vocab_size: int):
-    from transformers import T5Config, T5EncoderModel
-
-    cfg = T5Config(
-        vocab_size=vocab_size,
-        d_model=TEXT_WIDTH,
-        d_kv=8,
-        d_ff=2 * TEXT_WIDTH,
-        num_layers=1,
-        num_heads=2,
-        relative_attention_num_buckets=8,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=PAD,
-    )
-    return T5EncoderModel(cfg)
-
-
-def _vae():
-    """AutoencoderKL, factor 4 (3 blocks), 4 latent channels, with FLUX's shift / scaling factors."""
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(8, 8, 8),
-        layers_per_block=1,
-        latent_channels=LATENT_CHANNELS,
-        norm_num_groups=4,
-        sample_size=32,
-        scaling_factor=0.3611,
-        shift_factor=0.1159,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
-
-
 def build_flux_pipeline(seed: int = 0):
     """The tiny FLUX.1-dev pipeline (random init from `seed`); `save_pretrained` it to load it like real weights."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
@@ -115,10 +77,10 @@ def build_flux_pipeline(seed: int = 0):
     )
     return FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER),
-        vae=_vae(),
+        vae=tiny_vae(*FLUX_LATENT_SCALE),
         text_encoder=_clip(vocab),
         tokenizer=clip_tok,
-        text_encoder_2=_t5(vocab),
+        text_encoder_2=tiny_t5(vocab),
         tokenizer_2=_tokenizer("$A <eos>", 512),
         transformer=transformer,
     )

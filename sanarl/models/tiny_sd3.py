@@ -56,7 +56,8 @@ def _clip(vocab_size: int, hidden: int):
     return CLIPTextModelWithProjection(cfg)
 
 
-def _t5(vocab_size: int):
+def tiny_t5(vocab_size: int):
+    """One-layer T5 encoder of TEXT_WIDTH features (the token conditioning of SD3 and FLUX)."""
     from transformers import T5Config, T5EncoderModel
 
     cfg = T5Config(
@@ -74,8 +75,12 @@ def _t5(vocab_size: int):
     return T5EncoderModel(cfg)
 
 
-def _vae():
-    """AutoencoderKL, factor 4 (3 blocks), 4 latent channels, with SD3's shift / scaling factors."""
+SD3_LATENT_SCALE = (1.5305, 0.0609)
+"""SD3's VAE (scaling_factor, shift_factor)."""
+
+
+def tiny_vae(scaling_factor: float, shift_factor: float):
+    """AutoencoderKL, factor 4 (3 blocks), 4 latent channels, with the family's scaling / shift factors."""
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
@@ -88,8 +93,8 @@ def _vae():
         latent_channels=4,
         norm_num_groups=4,
         sample_size=32,
-        scaling_factor=1.5305,
-        shift_factor=0.0609,
+        scaling_factor=scaling_factor,
+        shift_factor=shift_factor,
         use_quant_conv=False,
         use_post_quant_conv=False,
     )
@@ -121,12 +126,12 @@ def build_sd3_pipeline(seed: int = 0, *, dual_attention_layers: tuple[int, ...] 
     return StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=_vae(),
+        vae=tiny_vae(*SD3_LATENT_SCALE),
         text_encoder=_clip(vocab, TEXT_WIDTH // 2),
         tokenizer=clip_tok,
         text_encoder_2=_clip(vocab, TEXT_WIDTH // 2),
         tokenizer_2=_tokenizer("<bos> $A <eos>", CLIP_LENGTH),
-        text_encoder_3=_t5(vocab),
+        text_encoder_3=tiny_t5(vocab),
         tokenizer_3=_tokenizer("$A <eos>", 512),
     )
 
