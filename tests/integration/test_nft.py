@@ -241,7 +241,7 @@ def test_held_out_rewards_and_wall_budget(tmp_path):
 def test_sol_rl_preset_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     """Inference copies are merged at set-up, before the checkpoint loads: a resume must re-merge them from the
     restored old adapter, or the first rollout after it samples from the set-up theta_old."""
-    preset = ROOT / "presets" / "tiny-shapes-nft-solrl.toml"
+    preset = ROOT / "sanarl" / "presets" / "tiny-shapes-nft-solrl.toml"
     small = [
         "train.train_batch_per_replica=16",
         "train.train_policy.mini_batch=16",

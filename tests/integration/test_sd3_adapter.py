@@ -344,7 +344,7 @@ def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
     assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
 
 
-def test_training_latents_sample_the_posterior_with_the_given_noise(sd3):
+def test_training_latents_sample_the_posterior_with_the_given_noise(sd3, tiny):
     """As the references: z = (mean + std eps - shift) * scale, eps from the caller's seeded generator;
     `vae_latents = "mode"` (or no noise) gives the mean."""
     from sanarl.tasks.sft import draw_vae_noise, encode_media
@@ -358,7 +358,7 @@ def test_training_latents_sample_the_posterior_with_the_given_noise(sd3):
     torch.testing.assert_close(z, (dist.mean + dist.std * eps - 0.0609) * 1.5305)
     assert torch.equal(encode_media(sd3, images, drawn), z)  # a pure function of the noise
     assert not torch.allclose(z, sd3.encode_images(images))
-    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
+    policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
     policy.diffusers.max_prompt_length = LENGTH
     policy.diffusers.vae_latents = "mode"
     mode = load_adapter(policy)

@@ -13,8 +13,8 @@ from sanarl.config import load_config as _load
 from sanarl.tasks.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = ROOT / "presets"
-ADAPTER = SimpleNamespace(default_shift=3.0)
+PRESETS = ROOT / "sanarl" / "presets"
+ADAPTER = SimpleNamespace(default_shift=3.0, shift_for=lambda height, width: 3.0)
 
 
 def load_config(path: Path, overrides: list[str] = ()):
