@@ -124,6 +124,15 @@ def table_level(t: Tensor, table: Tensor) -> Tensor:
     return table.to(device=t.device, dtype=t.dtype)[index]
 
 
+def aux_model_level(s: Tensor, table: Tensor) -> Tensor:
+    """HY-SOAR's model time of auxiliary levels s' [N]: i = the first table entry <= s' (a search in the descending
+    table), carried to t = 1 - i / size and read back with `table_level`. The aux rows' velocity sees that level;
+    their re-noising, target (z' - z0) / s' and weight w(s') keep s' itself."""
+    size = table.shape[0]
+    index = torch.searchsorted(-table.to(device=s.device, dtype=s.dtype), -s.contiguous()).clamp(0, size - 1)
+    return table_level(1.0 - index.to(s.dtype) / size, table)
+
+
 def soar_levels(
     u: Tensor, num_sampling_steps: int, shift: float, grid: str = LEVEL_GRIDS[0]
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -152,8 +161,8 @@ def draw_randomness(
 
     Returns [B] tensors u, s0, s1, active (bool: t1 > 0), keep_caption (bool, one value for the whole batch);
     noise [B, *latent]; s_prime [B, M, P] (`aux_sigmas` per path); path_noise [B, M - 1, *latent] for the
-    stochastic paths; with the scheduler table also first_next [B] (its second level, every row: the flow_sde
-    step's stand-in for s0 = 1, as HY-SOAR).
+    stochastic paths; with the scheduler table also table_shift [B] (the shift of its table, every row; `aux_points`
+    reads the flow_sde stand-in for s0 = 1 and the aux rows' model level from it, as HY-SOAR).
     """
     soar = cfg.train.train_policy.soar
     base = draw_flow_matching_noise(cfg.policy.diffusers, count, latent, rng)
@@ -170,7 +179,7 @@ def draw_randomness(
     path_noise = torch.randn((count, paths - 1, *latent), generator=rng)
     extra = {}
     if soar.level_grid == "scheduler_table":
-        extra["first_next"] = torch.full((count,), float(scheduler_table(shift)[1]))
+        extra["table_shift"] = torch.full((count,), shift, dtype=torch.float64)
     return extra | {
         "u": u,
         "s0": s0,
@@ -188,13 +197,15 @@ class AuxPoints:
     """Auxiliary training points of a micro-batch, ordered (sample, path, point).
 
     z [N, ...] re-noised rollout points; s [N] their levels s'; target [N, ...] = (z - z0) / s';
-    owner [N] (long) the micro-batch row each point comes from.
+    owner [N] (long) the micro-batch row each point comes from; s_model [N] the level the velocity is evaluated at
+    (s itself, or `aux_model_level` of s on the scheduler table).
     """
 
     z: Tensor
     s: Tensor
     target: Tensor
     owner: Tensor
+    s_model: Tensor
 
 
 def path_rows(active: Tensor, path: int, boundary: bool) -> Tensor:
@@ -222,13 +233,14 @@ def aux_points(
 ) -> AuxPoints:
     """Roll out M one-step paths and re-noise P points per path toward the same z1.
 
-    z0, z1, z_s0, v_cfg [B, ...]; draws: s0, s1, active [B], s_prime [B, M, P], path_noise [B, M - 1, ...]
-    (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`); the
+    z0, z1, z_s0, v_cfg [B, ...]; draws: s0, s1, active [B], s_prime [B, M, P], path_noise [B, M - 1, ...] and,
+    with the scheduler table, table_shift [B] (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`); the
     rows of each path are `path_rows` (boundary samples keep the ODE path when `boundary`). Points are ordered
     (path, point, row); N = `aux_count`.
     """
     paths, points = draws["s_prime"].shape[1:]
-    first_next = float(draws["first_next"][0]) if "first_next" in draws else None
+    table = scheduler_table(float(draws["table_shift"][0])) if "table_shift" in draws else None
+    first_next = None if table is None else float(table[1])  # HY-SOAR's flow_sde stand-in for s0 = 1
     zs, ss, targets, owners = [], [], [], []
     for m in range(paths):
         idx = path_rows(draws["active"], m, boundary)
@@ -248,8 +260,10 @@ def aux_points(
             owners.append(idx)
     if not zs:
         empty = torch.zeros(0, dtype=torch.long, device=z0.device)
-        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], empty)
-    return AuxPoints(z=torch.cat(zs), s=torch.cat(ss), target=torch.cat(targets), owner=torch.cat(owners))
+        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], empty, draws["s0"][:0])
+    s = torch.cat(ss)
+    s_model = s if table is None else aux_model_level(s, table)
+    return AuxPoints(torch.cat(zs), s, torch.cat(targets), torch.cat(owners), s_model)
 
 
 def global_sum(values: list[float], device: torch.device | str) -> list[float]:
@@ -367,7 +381,7 @@ class SOARTask(Task):
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         adapter, soar = self.adapter, self.soar
         z0 = encode_media(adapter, batch["image"], batch)
-        keys = ("s0", "s1", "active", "s_prime", "path_noise", "first_next")
+        keys = ("s0", "s1", "active", "s_prime", "path_noise", "table_shift")
         draws = {k: batch[k].to(z0.device) for k in keys if k in batch}
         z1 = batch["noise"].to(z0.device)
         s0 = draws["s0"]
@@ -378,7 +392,9 @@ class SOARTask(Task):
             z0, z1, z_s0, v_cfg, draws, soar.sde_rollout_type, soar.sde_noise_scale, soar.boundary_aux_points
         )
         x = torch.cat([z_s0, aux.z])
-        s = torch.cat([s0, aux.s])
+        s = torch.cat(
+            [s0, aux.s_model]
+        )  # the model's level of each row (aux: `aux_model_level` on the table)
         v = adapter.velocity(x, s, Cond.cat([cond, cond.select(aux.owner)]))
         err = (v - torch.cat([velocity_target(z0, z1), aux.target])).pow(2).flatten(1).mean(1)
         count, scheme = z0.shape[0], self.cfg.policy.diffusers.weighting_scheme

@@ -153,9 +153,40 @@ def test_level_grid_changes_only_the_levels() -> None:
         upper = torch.clamp(1.5 * d["s0"], max=1.0)[:, None, None]
         fractions[grid] = (d["s_prime"] - d["s1"][:, None, None]) / (upper - d["s1"][:, None, None])
     torch.testing.assert_close(fractions["scheduler_table"], fractions["continuous"], rtol=0, atol=1e-5)
-    # only the table carries the flow_sde stand-in for s0 = 1: its second level shift(0.999)
-    assert "first_next" not in cont
-    torch.testing.assert_close(table["first_next"], torch.full((64,), 3 * 0.999 / (1 + 2 * 0.999)))
+    # only the table mode carries its shift (aux_points reads the s0 = 1 stand-in and the aux model level from it)
+    assert "table_shift" not in cont and table["table_shift"].tolist() == [3.0] * 64
+
+
+@pytest.mark.parametrize("grid", ["scheduler_table", "continuous"])
+def test_aux_rows_velocity_level_follows_the_grid(grid, monkeypatch) -> None:
+    """HY-SOAR evaluates the auxiliary rows at `aux_model_level` of s' on the table (targets and weights keep s');
+    the continuous grid evaluates them at s'. The main rows see s0 either way."""
+    from sanarl.tasks.soar import aux_model_level, scheduler_table
+
+    cfg = _cfg(
+        batch=4, mini=4, num_rollout_paths=2, trajectory_length=3, num_sampling_steps=5, level_grid=grid
+    )
+    task = SOARTask(cfg, FakeAdapter(TinyNet()), _plugin())
+    batch = task.micro_batches(0, torch.Generator().manual_seed(2))[0]
+    seen = []
+    original = FakeAdapter.velocity
+    monkeypatch.setattr(
+        FakeAdapter,
+        "velocity",
+        lambda self, x, s, cond, module=None: seen.append(s) or original(self, x, s, cond, module),
+    )
+    task.objective(batch, torch.Generator())
+    z0 = batch["image"].float()
+    z_s0 = (1 - batch["s0"].view(4, 1, 1, 1)) * z0 + batch["s0"].view(4, 1, 1, 1) * batch["noise"]
+    aux = aux_points(z0, batch["noise"], z_s0, torch.zeros_like(z0), batch, "flow_sde", 0.5)
+    if grid == "continuous":
+        expected = aux.s
+    else:
+        expected = aux_model_level(aux.s, scheduler_table(float(batch["table_shift"][0])))
+    torch.testing.assert_close(aux.s_model, expected, rtol=0, atol=0)
+    torch.testing.assert_close(seen[-1], torch.cat([batch["s0"], expected]), rtol=0, atol=0)
+    if grid == "scheduler_table":
+        assert not torch.equal(aux.s_model, aux.s)
 
 
 @pytest.mark.parametrize("boundary", [True, False])

@@ -201,3 +201,28 @@ def test_flow_sde_at_s0_one_uses_the_given_first_next_by_hand() -> None:
     assert soar_step(
         "flow_sde", z, v, torch.tensor([1.0]), torch.tensor([s1]), eta, noise
     ).item() == pytest.approx(former, rel=1e-5)
+
+
+def test_aux_model_level_matches_hy_soar_round_trip_by_hand() -> None:
+    """HY-SOAR evaluates an auxiliary point's velocity at a table level: i = the first entry <= s' of the
+    descending table, t = 1 - i / 1000, then the lookup of t (the round trip runs in float32, so some i come back
+    as i - 1: re-done here step by step with numpy float32)."""
+    import numpy as np
+
+    from sanarl.tasks.soar import aux_model_level, scheduler_table
+
+    shift = 3.0
+    x = np.arange(1000, 0, -1, dtype=np.float32) / np.float32(1000)
+    table = np.float32(shift) * x / (np.float32(1) + np.float32(shift - 1) * x)
+    s_prime = np.array([1.0, 0.99985, 0.75, 0.5, 0.3, 0.0031, 0.0001], dtype=np.float32)
+    expected = []
+    for sp in s_prime:
+        i = next((k for k, level in enumerate(table) if level <= sp), 1000)
+        i = min(i, 999)
+        t = np.float32(1) - np.float32(i) / np.float32(1000)
+        index = min(int((np.float32(1) - t) * np.float32(1000)), 999)
+        expected.append(table[index])
+    torch.testing.assert_close(scheduler_table(shift), torch.from_numpy(table), rtol=0, atol=0)
+    got = aux_model_level(torch.from_numpy(s_prime), scheduler_table(shift))
+    torch.testing.assert_close(got, torch.tensor(expected), rtol=0, atol=0)
+    assert got[0].item() == 1.0 and got[-1].item() == table[-1]  # s' below the table reads its last level
