@@ -224,6 +224,9 @@ class SoarConfig:
     boundary_aux_points: bool = True
     """Samples at the t1 = 0 boundary keep the ODE path's auxiliary points, as HY-SOAR; false drops them (their
     targets (z' - z0) / s' divide the rollout error by s' near 0; docs/algorithms.md, "SOAR")."""
+    level_grid: str = "scheduler_table"
+    """How s0 and s1 are read off u and t1: scheduler_table (HY-SOAR: the scheduler's 1000-level sigma table at
+    index trunc((1 - t) 1000)) | continuous (s = shift(t); docs/algorithms.md, "Deliberate differences")."""
 
 
 @dataclass

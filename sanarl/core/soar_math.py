@@ -103,6 +103,7 @@ def soar_step(
     s1: torch.Tensor | float,
     noise_scale: float,
     noise: torch.Tensor | None = None,
+    first_next: float | None = None,
 ) -> torch.Tensor:
     """One step from `z` (level s0) to level s1 < s0 with velocity `v` (the stop-gradient CFG velocity).
 
@@ -110,7 +111,8 @@ def soar_step(
       ode:      z + v dt                                               (path 0; noise unused)
       simple:   z + v dt + noise_scale sqrt(|dt|) noise
       sde:      (1 - s1)(z - s0 v) + s1 noise
-      flow_sde: Flow-GRPO SDE step with eta = noise_scale; at s0 = 1 its std uses s_first_next = s1
+      flow_sde: Flow-GRPO SDE step with eta = noise_scale; at s0 = 1 its std uses s_first_next = `first_next`
+                when given (HY-SOAR: the scheduler table's second level), else the s1 of those samples
       cps:      CPS step with eta = noise_scale
     flow_sde and cps are `sanarl.core.samplers.flow_sde_step` / `cps_step` (float32 arithmetic, result in
     z.dtype, need s1 < s0 strictly); the other kinds keep z's dtype.
@@ -135,7 +137,9 @@ def soar_step(
     if kind == "sde":
         return (1 - s1_b) * (z - s0_b * v) + s1_b * noise
     step = flow_sde_step if kind == "flow_sde" else cps_step
-    s_first_next = _first_next(s0_b, s1_b, z.shape[0]) if kind == "flow_sde" else None
+    s_first_next = None
+    if kind == "flow_sde":
+        s_first_next = first_next if first_next is not None else _first_next(s0_b, s1_b, z.shape[0])
     z_next, _, _, _ = step(z, v, s0, s1, eta=noise_scale, s_first_next=s_first_next, noise=noise)
     return z_next
 

@@ -1,11 +1,13 @@
 """SOAR: reward-free self-correction on (image, caption) data (HY-SOAR, arXiv 2604.12617; docs/algorithms.md,
 "SOAR").
 
-Per sample: z0 = VAE(x), noise z1, u ~ the timestep density, s0 = shift(u), z_s0 = (1 - s0) z0 + s0 z1.
+Per sample: z0 = VAE(x), noise z1, u ~ the timestep density, s0 = level(u), z_s0 = (1 - s0) z0 + s0 z1, where
+level(t) is HY-SOAR's lookup in the scheduler's 1000-level sigma table (`soar.level_grid = "scheduler_table"`,
+the default) or shift(t) (`"continuous"`); `soar_levels` is the one place levels are drawn.
 
     L_main = sum_b w(s0) mse(v_theta(z_s0, s0, c), z1 - z0)          w = 1 for logit_normal / mode / uniform
     v_cfg  = v_u + w_cfg (v_c - v_u) at z_s0, no grad, uncond = ""  (w_cfg = soar.cfg_scale_sampling)
-    t1 = max(u - 1 / num_sampling_steps, 0), s1 = shift(t1); samples with t1 = 0 are "at the boundary"
+    t1 = max(u - 1 / num_sampling_steps, 0), s1 = level(t1); samples with t1 = 0 are "at the boundary"
     for each of M paths (path 0: Euler, paths 1..M-1: one `sde_rollout_type` step) z1' = step(z_s0, v_cfg, s0 -> s1)
       for each of P points: s' ~ U[s1, min(ratio s0, 1)], z' = renoise_toward(z1', z1, s1, s'),
                             L_aux += sum w(s') mse(v_theta(z', s', c), (z' - z0) / s')
@@ -52,6 +54,10 @@ from sanarl.tasks.sft import draw_flow_matching_noise, draw_vae_noise, encode_me
 
 ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
+LEVEL_GRIDS = ("scheduler_table", "continuous")
+"""Accepted `train.train_policy.soar.level_grid` values (how s0 and s1 are read off u and t1; `soar_levels`)."""
+SCHEDULER_TABLE_SIZE = 1000
+"""Levels of HY-SOAR's training table: the `num_train_timesteps` of SD3.5's FlowMatchEulerDiscreteScheduler."""
 KEY = "train.train_policy.soar"
 
 
@@ -81,6 +87,17 @@ def check_soar_config(soar: SoarConfig) -> None:
             "sde_rollout_type",
             f"must be one of {', '.join(ROLLOUT_TYPES)} (default flow_sde)",
         ),
+        (
+            soar.level_grid in LEVEL_GRIDS,
+            "level_grid",
+            f"must be one of {', '.join(LEVEL_GRIDS)} (default scheduler_table, as HY-SOAR)",
+        ),
+        (
+            soar.level_grid != "scheduler_table" or soar.num_sampling_steps <= SCHEDULER_TABLE_SIZE,
+            "num_sampling_steps",
+            f"must be <= {SCHEDULER_TABLE_SIZE} with level_grid = scheduler_table (a step finer than the table "
+            "reads s1 = s0); or set level_grid = continuous",
+        ),
     ]
     for ok, name, rule in checks:
         if not ok:
@@ -90,10 +107,47 @@ def check_soar_config(soar: SoarConfig) -> None:
             )
 
 
-def soar_levels(u: Tensor, num_sampling_steps: int, shift: float) -> tuple[Tensor, Tensor, Tensor]:
-    """u [B] -> (s0, s1, active) [B]: s0 = shift(u), t1 = max(u - 1/N, 0), s1 = shift(t1), active = t1 > 0."""
+def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
+    """The training scheduler's sigma table [size] (float32, descending): entry k is shift((size - k) / size).
+
+    This is the table FlowMatchEulerDiscreteScheduler builds before any `set_timesteps` (no terminal 0): levels
+    1, ..., 1/size of t, each shifted; entry 0 is 1 and entry size - 1 is shift(1 / size)."""
+    grid = torch.arange(size, 0, -1, dtype=torch.float32) / size
+    return u_to_sigma(grid, shift)
+
+
+def table_level(t: Tensor, table: Tensor) -> Tensor:
+    """HY-SOAR's lookup: index k = trunc((1 - t) size), clamped to [0, size - 1], computed in t's dtype; the
+    level is table[k]. Every t in (0, 1] reads the entry of its t rounded up to the grid, t = 0 the last one."""
+    size = table.shape[0]
+    index = ((1.0 - t) * size).long().clamp(0, size - 1)
+    return table.to(device=t.device, dtype=t.dtype)[index]
+
+
+def aux_model_level(s: Tensor, table: Tensor) -> Tensor:
+    """HY-SOAR's model time of auxiliary levels s' [N]: i = the first table entry <= s' (a search in the descending
+    table), carried to t = 1 - i / size and read back with `table_level`. The aux rows' velocity sees that level;
+    their re-noising, target (z' - z0) / s' and weight w(s') keep s' itself."""
+    size = table.shape[0]
+    index = torch.searchsorted(-table.to(device=s.device, dtype=s.dtype), -s.contiguous()).clamp(0, size - 1)
+    return table_level(1.0 - index.to(s.dtype) / size, table)
+
+
+def soar_levels(
+    u: Tensor, num_sampling_steps: int, shift: float, grid: str = LEVEL_GRIDS[0]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """u [B] -> (s0, s1, active) [B] with t1 = max(u - 1/N, 0) and active = t1 > 0 (docs/algorithms.md, "SOAR").
+
+    grid "scheduler_table" (HY-SOAR): s0, s1 = `table_level` of u, t1 in `scheduler_table(shift)`, so the
+    boundary t1 = 0 reads s1 = shift(1/1000) > 0; "continuous": s0 = shift(u), s1 = shift(t1) (0 at the boundary).
+    """
+    if grid not in LEVEL_GRIDS:
+        raise ValueError(f"unknown SOAR level grid {grid!r}; use one of {', '.join(LEVEL_GRIDS)}.")
     t1 = (u - 1.0 / num_sampling_steps).clamp(min=0.0)
-    return u_to_sigma(u, shift), u_to_sigma(t1, shift), t1 > 0
+    if grid == "continuous":
+        return u_to_sigma(u, shift), u_to_sigma(t1, shift), t1 > 0
+    table = scheduler_table(shift)
+    return table_level(u, table), table_level(t1, table), t1 > 0
 
 
 def draw_randomness(
@@ -107,20 +161,26 @@ def draw_randomness(
 
     Returns [B] tensors u, s0, s1, active (bool: t1 > 0), keep_caption (bool, one value for the whole batch);
     noise [B, *latent]; s_prime [B, M, P] (`aux_sigmas` per path); path_noise [B, M - 1, *latent] for the
-    stochastic paths.
+    stochastic paths; with the scheduler table also table_shift [B] (the shift of its table, every row; `aux_points`
+    reads the flow_sde stand-in for s0 = 1 and the aux rows' model level from it, as HY-SOAR).
     """
     soar = cfg.train.train_policy.soar
     base = draw_flow_matching_noise(cfg.policy.diffusers, count, latent, rng)
     u, noise = base["u"], base["eps"]
     # caption dropout per batch, as HY-SOAR: one draw drops every caption of the rank's batch (rollout included)
     keep = (torch.rand(1, generator=rng) >= cfg.policy.diffusers.caption_dropout).expand(count).clone()
-    s0, s1, active = soar_levels(u, soar.num_sampling_steps, shift)
+    s0, s1, active = soar_levels(
+        u, soar.num_sampling_steps, shift, soar.level_grid
+    )  # the one place levels are drawn
     paths = soar.num_rollout_paths
     s_prime = torch.stack(
         [aux_sigmas(s1, s0, soar.trajectory_length, soar.sigma_upper_ratio, rng) for _ in range(paths)], dim=1
     )
     path_noise = torch.randn((count, paths - 1, *latent), generator=rng)
-    return {
+    extra = {}
+    if soar.level_grid == "scheduler_table":
+        extra["table_shift"] = torch.full((count,), shift, dtype=torch.float64)
+    return extra | {
         "u": u,
         "s0": s0,
         "s1": s1,
@@ -137,13 +197,15 @@ class AuxPoints:
     """Auxiliary training points of a micro-batch, ordered (sample, path, point).
 
     z [N, ...] re-noised rollout points; s [N] their levels s'; target [N, ...] = (z - z0) / s';
-    owner [N] (long) the micro-batch row each point comes from.
+    owner [N] (long) the micro-batch row each point comes from; s_model [N] the level the velocity is evaluated at
+    (s itself, or `aux_model_level` of s on the scheduler table).
     """
 
     z: Tensor
     s: Tensor
     target: Tensor
     owner: Tensor
+    s_model: Tensor
 
 
 def path_rows(active: Tensor, path: int, boundary: bool) -> Tensor:
@@ -171,12 +233,14 @@ def aux_points(
 ) -> AuxPoints:
     """Roll out M one-step paths and re-noise P points per path toward the same z1.
 
-    z0, z1, z_s0, v_cfg [B, ...]; draws: s0, s1, active [B], s_prime [B, M, P], path_noise [B, M - 1, ...]
-    (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`); the
+    z0, z1, z_s0, v_cfg [B, ...]; draws: s0, s1, active [B], s_prime [B, M, P], path_noise [B, M - 1, ...] and,
+    with the scheduler table, table_shift [B] (all on z0's device). Path 0 is Euler, paths 1..M-1 one `kind` step (`sanarl.core.soar_math.soar_step`); the
     rows of each path are `path_rows` (boundary samples keep the ODE path when `boundary`). Points are ordered
     (path, point, row); N = `aux_count`.
     """
     paths, points = draws["s_prime"].shape[1:]
+    table = scheduler_table(float(draws["table_shift"][0])) if "table_shift" in draws else None
+    first_next = None if table is None else float(table[1])  # HY-SOAR's flow_sde stand-in for s0 = 1
     zs, ss, targets, owners = [], [], [], []
     for m in range(paths):
         idx = path_rows(draws["active"], m, boundary)
@@ -184,7 +248,9 @@ def aux_points(
             continue
         s0, s1 = draws["s0"][idx], draws["s1"][idx]
         noise = None if m == 0 else draws["path_noise"][idx, m - 1]
-        z1p = soar_step("ode" if m == 0 else kind, z_s0[idx], v_cfg[idx], s0, s1, noise_scale, noise)
+        z1p = soar_step(
+            "ode" if m == 0 else kind, z_s0[idx], v_cfg[idx], s0, s1, noise_scale, noise, first_next
+        )
         for p in range(points):
             sp = draws["s_prime"][idx, m, p]
             zp = renoise_toward(z1p, z1[idx], s1, sp)
@@ -194,8 +260,10 @@ def aux_points(
             owners.append(idx)
     if not zs:
         empty = torch.zeros(0, dtype=torch.long, device=z0.device)
-        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], empty)
-    return AuxPoints(z=torch.cat(zs), s=torch.cat(ss), target=torch.cat(targets), owner=torch.cat(owners))
+        return AuxPoints(z0[:0], draws["s0"][:0], z0[:0], empty, draws["s0"][:0])
+    s = torch.cat(ss)
+    s_model = s if table is None else aux_model_level(s, table)
+    return AuxPoints(torch.cat(zs), s, torch.cat(targets), torch.cat(owners), s_model)
 
 
 def global_sum(values: list[float], device: torch.device | str) -> list[float]:
@@ -313,7 +381,8 @@ class SOARTask(Task):
     def objective(self, batch: dict, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         adapter, soar = self.adapter, self.soar
         z0 = encode_media(adapter, batch["image"], batch)
-        draws = {k: batch[k].to(z0.device) for k in ("s0", "s1", "active", "s_prime", "path_noise")}
+        keys = ("s0", "s1", "active", "s_prime", "path_noise", "table_shift")
+        draws = {k: batch[k].to(z0.device) for k in keys if k in batch}
         z1 = batch["noise"].to(z0.device)
         s0 = draws["s0"]
         z_s0 = interpolate(z0, z1, s0)
@@ -323,7 +392,9 @@ class SOARTask(Task):
             z0, z1, z_s0, v_cfg, draws, soar.sde_rollout_type, soar.sde_noise_scale, soar.boundary_aux_points
         )
         x = torch.cat([z_s0, aux.z])
-        s = torch.cat([s0, aux.s])
+        s = torch.cat(
+            [s0, aux.s_model]
+        )  # the model's level of each row (aux: `aux_model_level` on the table)
         v = adapter.velocity(x, s, Cond.cat([cond, cond.select(aux.owner)]))
         err = (v - torch.cat([velocity_target(z0, z1), aux.target])).pow(2).flatten(1).mean(1)
         count, scheme = z0.shape[0], self.cfg.policy.diffusers.weighting_scheme

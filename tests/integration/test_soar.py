@@ -119,10 +119,74 @@ def _grads(task: SOARTask, micro: list[dict]) -> torch.Tensor:
 # --- the pieces -----------------------------------------------------------------------------------------------------
 def test_levels_and_boundary() -> None:
     u = torch.tensor([0.5, 0.25, 0.2, 1.0])
-    s0, s1, active = soar_levels(u, 4, 3.0)  # t1 = [0.25, 0, 0, 0.75]; shift(u, 3) = 3u / (1 + 2u)
+    s0, s1, active = soar_levels(
+        u, 4, 3.0, "continuous"
+    )  # t1 = [0.25, 0, 0, 0.75]; shift(u, 3) = 3u / (1 + 2u)
     torch.testing.assert_close(s0, torch.tensor([0.75, 0.5, 0.6 / 1.4, 1.0]))
     torch.testing.assert_close(s1, torch.tensor([0.5, 0.0, 0.0, 2.25 / 2.5]))
     assert active.tolist() == [True, False, False, True]
+
+
+def test_level_grid_changes_only_the_levels() -> None:
+    """Same seed, either grid: every draw but s0, s1 (and s' through its range [s1, min(ratio s0, 1)]) is equal,
+    the same random numbers are consumed, and each grid's levels are `soar_levels` of the drawn u."""
+    draws, after = {}, {}
+    for grid in ("scheduler_table", "continuous"):
+        cfg = _cfg(num_rollout_paths=2, trajectory_length=3, num_sampling_steps=5, level_grid=grid)
+        cfg.policy.diffusers.caption_dropout = 0.3
+        gen = torch.Generator().manual_seed(7)
+        draws[grid] = draw_randomness(64, (3, 2, 2), cfg, 3.0, gen)
+        after[grid] = torch.rand(4, generator=gen)
+        s0, s1, active = soar_levels(draws[grid]["u"], 5, 3.0, grid)
+        assert torch.equal(draws[grid]["s0"], s0) and torch.equal(draws[grid]["s1"], s1)
+        assert torch.equal(draws[grid]["active"], active)
+    table, cont = draws["scheduler_table"], draws["continuous"]
+    torch.testing.assert_close(after["scheduler_table"], after["continuous"], rtol=0, atol=0)
+    for key in ("u", "noise", "keep_caption", "active", "path_noise"):
+        assert torch.equal(table[key], cont[key]), key
+    assert not torch.equal(table["s0"], cont["s0"]) and not torch.equal(table["s1"], cont["s1"])
+    # the table rounds t up to the 1/1000 grid: s0 >= shift(u) within one table spacing
+    assert bool((table["s0"] >= cont["s0"]).all()) and float((table["s0"] - cont["s0"]).max()) < 3.0e-3
+    # s' = s1 + f (s_up - s1): the same fractions f under both grids
+    fractions = {}
+    for grid, d in draws.items():
+        upper = torch.clamp(1.5 * d["s0"], max=1.0)[:, None, None]
+        fractions[grid] = (d["s_prime"] - d["s1"][:, None, None]) / (upper - d["s1"][:, None, None])
+    torch.testing.assert_close(fractions["scheduler_table"], fractions["continuous"], rtol=0, atol=1e-5)
+    # only the table mode carries its shift (aux_points reads the s0 = 1 stand-in and the aux model level from it)
+    assert "table_shift" not in cont and table["table_shift"].tolist() == [3.0] * 64
+
+
+@pytest.mark.parametrize("grid", ["scheduler_table", "continuous"])
+def test_aux_rows_velocity_level_follows_the_grid(grid, monkeypatch) -> None:
+    """HY-SOAR evaluates the auxiliary rows at `aux_model_level` of s' on the table (targets and weights keep s');
+    the continuous grid evaluates them at s'. The main rows see s0 either way."""
+    from sanarl.tasks.soar import aux_model_level, scheduler_table
+
+    cfg = _cfg(
+        batch=4, mini=4, num_rollout_paths=2, trajectory_length=3, num_sampling_steps=5, level_grid=grid
+    )
+    task = SOARTask(cfg, FakeAdapter(TinyNet()), _plugin())
+    batch = task.micro_batches(0, torch.Generator().manual_seed(2))[0]
+    seen = []
+    original = FakeAdapter.velocity
+    monkeypatch.setattr(
+        FakeAdapter,
+        "velocity",
+        lambda self, x, s, cond, module=None: seen.append(s) or original(self, x, s, cond, module),
+    )
+    task.objective(batch, torch.Generator())
+    z0 = batch["image"].float()
+    z_s0 = (1 - batch["s0"].view(4, 1, 1, 1)) * z0 + batch["s0"].view(4, 1, 1, 1) * batch["noise"]
+    aux = aux_points(z0, batch["noise"], z_s0, torch.zeros_like(z0), batch, "flow_sde", 0.5)
+    if grid == "continuous":
+        expected = aux.s
+    else:
+        expected = aux_model_level(aux.s, scheduler_table(float(batch["table_shift"][0])))
+    torch.testing.assert_close(aux.s_model, expected, rtol=0, atol=0)
+    torch.testing.assert_close(seen[-1], torch.cat([batch["s0"], expected]), rtol=0, atol=0)
+    if grid == "scheduler_table":
+        assert not torch.equal(aux.s_model, aux.s)
 
 
 @pytest.mark.parametrize("boundary", [True, False])
@@ -202,7 +266,7 @@ def test_loss_normalisation_by_hand(boundary, scheme) -> None:
     )
     cfg.policy.diffusers.weighting_scheme = scheme
     task = SOARTask(cfg, FakeAdapter(ConstVelocity()), _plugin())
-    s0, s1, active = soar_levels(torch.tensor([0.5, 0.2]), 4, 1.0)
+    s0, s1, active = soar_levels(torch.tensor([0.5, 0.2]), 4, 1.0, "continuous")  # the docstring's s1 = 0
     n_aux = 2 if boundary else 1
     batch = {
         "prompt": ["a", "b"],
@@ -299,6 +363,8 @@ def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None
         ("num_rollout_paths", 0, "num_rollout_paths` = 0 must be >= 1"),
         ("sigma_upper_ratio", 0.9, "sigma_upper_ratio` = 0.9 must be >= 1"),
         ("sde_rollout_type", "euler", "must be one of simple, sde, flow_sde, cps"),
+        ("level_grid", "table", "level_grid` = 'table' must be one of scheduler_table, continuous"),
+        ("num_sampling_steps", 1001, "must be <= 1000 with level_grid = scheduler_table"),
         ("trajectory_length", 0, "trajectory_length` = 0 must be >= 1"),
         ("lambda_aux", -1.0, "lambda_aux` = -1.0 must be >= 0"),
     ],

@@ -145,3 +145,84 @@ def test_normaliser() -> None:
     assert soar_normaliser(0, 0, 1.0) == 1.0
     assert float(soar_normaliser(torch.tensor(0.0), torch.tensor(1.0), 0.5)) == 1.0
     assert float(soar_normaliser(torch.tensor(2.0), torch.tensor(6.0), 2.0)) == 14.0
+
+
+def _hy_soar_level(t: float, shift: float) -> float:
+    """HY-SOAR's level of a t in [0, 1], by hand: SD3.5's FlowMatchEulerDiscreteScheduler (1000 train timesteps,
+    no set_timesteps) holds sigmas[i] = shift((1000 - i) / 1000), i = 0..999, shifted as k x / (1 + (k - 1) x);
+    t reads sigmas[min(trunc((1 - t) 1000), 999)]."""
+    index = min(int((1.0 - t) * 1000), 999)
+    x = (1000 - index) / 1000
+    return shift * x / (1 + (shift - 1) * x)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_scheduler_table_levels_match_hy_soar_lookup_by_hand(shift: float) -> None:
+    """s0 at u, s1 at t1 = max(u - 1/N, 0), active = t1 > 0, N = 40. The u are off the 1/1000 bin edges so float32
+    and the float64 hand derivation truncate alike; 0.0101 and 0.0203 sit at the boundary t1 = 0 (s1 = sigmas[999]
+    = shift(0.001), not 0), 0.9996 reads sigmas[0] = 1."""
+    from sanarl.tasks.soar import soar_levels
+
+    u = [0.3337, 0.0101, 0.0203, 0.9996, 0.71234, 0.0613]
+    s0, s1, active = soar_levels(torch.tensor(u), 40, shift, "scheduler_table")
+    t1 = [max(x - 1 / 40, 0.0) for x in u]
+    torch.testing.assert_close(s0, torch.tensor([_hy_soar_level(x, shift) for x in u]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(s1, torch.tensor([_hy_soar_level(x, shift) for x in t1]), rtol=0, atol=1e-6)
+    assert active.tolist() == [x > 0 for x in t1] == [True, False, False, True, True, True]
+    assert float(s1[1]) == pytest.approx(shift * 0.001 / (1 + (shift - 1) * 0.001), rel=1e-5)
+    assert float(s0[3]) == 1.0
+    # by hand for shift 1: u = 0.3337 -> index 666 -> 0.334; t1 = 0.3087 -> index 691 -> 0.309
+    if shift == 1.0:
+        assert s0[0].item() == pytest.approx(0.334, abs=1e-6) and s1[0].item() == pytest.approx(
+            0.309, abs=1e-6
+        )
+    # the continuous grid is shift(u), shift(t1), with s1 = 0 at the boundary
+    c0, c1, c_active = soar_levels(torch.tensor(u), 40, shift, "continuous")
+    shifted = [shift * x / (1 + (shift - 1) * x) for x in u]
+    torch.testing.assert_close(c0, torch.tensor(shifted), rtol=0, atol=1e-6)
+    assert float(c1[1]) == 0.0 and torch.equal(c_active, active)
+    with pytest.raises(ValueError, match="level grid"):
+        soar_levels(torch.tensor(u), 40, shift, "table")
+
+
+def test_flow_sde_at_s0_one_uses_the_given_first_next_by_hand() -> None:
+    """HY-SOAR's flow_sde step at s0 = 1 puts the scheduler table's second level in place of s0 in the std:
+    std = eta sqrt(1 / (1 - first_next)), mean = z (1 + std^2 dt / 2) + v dt, z' = mean + std sqrt(-dt) noise."""
+    z, v, noise = (torch.tensor([[[[x]]]]) for x in (0.4, -1.2, 0.7))
+    first_next, s1, eta = 1 - 2**-11, 1 - 2**-6, 0.5  # exact in float32, the step's arithmetic
+    dt = s1 - 1.0
+    std = eta * math.sqrt(1.0 / (1.0 - first_next))
+    expected = 0.4 * (1 + std**2 * dt / 2) + (-1.2) * dt + std * math.sqrt(-dt) * 0.7
+    got = soar_step("flow_sde", z, v, torch.tensor([1.0]), torch.tensor([s1]), eta, noise, first_next)
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+    # without it the step keeps its former stand-in, the samples' own s1
+    std_s1 = eta * math.sqrt(1.0 / (1.0 - s1))
+    former = 0.4 * (1 + std_s1**2 * dt / 2) + (-1.2) * dt + std_s1 * math.sqrt(-dt) * 0.7
+    assert soar_step(
+        "flow_sde", z, v, torch.tensor([1.0]), torch.tensor([s1]), eta, noise
+    ).item() == pytest.approx(former, rel=1e-5)
+
+
+def test_aux_model_level_matches_hy_soar_round_trip_by_hand() -> None:
+    """HY-SOAR evaluates an auxiliary point's velocity at a table level: i = the first entry <= s' of the
+    descending table, t = 1 - i / 1000, then the lookup of t (the round trip runs in float32, so some i come back
+    as i - 1: re-done here step by step with numpy float32)."""
+    import numpy as np
+
+    from sanarl.tasks.soar import aux_model_level, scheduler_table
+
+    shift = 3.0
+    x = np.arange(1000, 0, -1, dtype=np.float32) / np.float32(1000)
+    table = np.float32(shift) * x / (np.float32(1) + np.float32(shift - 1) * x)
+    s_prime = np.array([1.0, 0.99985, 0.75, 0.5, 0.3, 0.0031, 0.0001], dtype=np.float32)
+    expected = []
+    for sp in s_prime:
+        i = next((k for k, level in enumerate(table) if level <= sp), 1000)
+        i = min(i, 999)
+        t = np.float32(1) - np.float32(i) / np.float32(1000)
+        index = min(int((np.float32(1) - t) * np.float32(1000)), 999)
+        expected.append(table[index])
+    torch.testing.assert_close(scheduler_table(shift), torch.from_numpy(table), rtol=0, atol=0)
+    got = aux_model_level(torch.from_numpy(s_prime), scheduler_table(shift))
+    torch.testing.assert_close(got, torch.tensor(expected), rtol=0, atol=0)
+    assert got[0].item() == 1.0 and got[-1].item() == table[-1]  # s' below the table reads its last level
