@@ -15,13 +15,23 @@ from typing import Any
 
 from rich.console import Console
 
-from sanarl.evaluation.summary import describe
+from sanarl.bench.methods import RATIOS
+from sanarl.bench.plan import EVAL_SEED
+from sanarl.rewards.summary import describe
 
 STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", "entropy")
 
 
 ACCURACY_PARTS: tuple[str, ...] = ("strict", "partial", "exact")
 """Held-out accuracies per method: GenEval's strict and partial, and the exact variant (extra objects fail)."""
+
+
+def load_preview(run_dir: Path):
+    """The preview images `[k, 3, H, W]` a finished run saved, or None."""
+    import torch
+
+    path = run_dir / "preview.pt"
+    return torch.load(path, weights_only=True) if path.is_file() else None
 
 
 def _score(record: dict[str, Any], key: str, field: str = "mean") -> float:
@@ -68,7 +78,6 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Held-out strict accuracy ratios of methods.RATIOS pairs that both ran."""
-    from sanarl.bench.methods import RATIOS
 
     by = {r["method"]: r for r in rows}
     out = []
@@ -157,7 +166,6 @@ def write_grids(
     """grids/<method>.png: top row the base, bottom row the method (its first seed), same prompts and seeds."""
     import torch
 
-    from sanarl.bench.shapes import load_preview
     from sanarl.core.images import save_grid
 
     base = load_preview(output / "base")
@@ -178,7 +186,6 @@ def write_grids(
 
 def write_report(opts, records: list[dict[str, Any]], rows, console: Console) -> dict[str, Any]:
     """Write results.json, results.md, accuracy_vs_time.png, grids/; print the table; return results.json."""
-    from sanarl.bench.shapes import EVAL_SEED
 
     out = opts.output
     table = aggregate(records)

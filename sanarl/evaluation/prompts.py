@@ -48,7 +48,7 @@ class PromptSet:
 
 def shapes_prompts(split: str, num: int, seed: int) -> PromptSet:
     """`num` shapes-world items of `split` (tags balanced, see docs/shapes.md), a pure function of (split, seed)."""
-    from sanarl.datasets import shapes_world as world
+    from sanarl.worlds import shapes as world
 
     name = world.canonical_split(split, "--dataset shapes:<split>")
     metas = [world.sample_item(name, seed, i)[0] for i in range(num)]  # GenEval rows, prompt included

@@ -23,11 +23,12 @@ import torch
 from sanarl.config.schema import Config
 from sanarl.errors import UserError
 from sanarl.evaluation.prompts import PromptSet
-from sanarl.evaluation.scoring import build_rewards, generate_and_score
+from sanarl.evaluation.scoring import generate_and_score
 from sanarl.evaluation.sources import ModelSource, load_source, safe_name
-from sanarl.evaluation.summary import compare, summarize
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.preflight import check_items
+from sanarl.rewards.scoring import build_rewards
+from sanarl.rewards.summary import compare, summarize
 from sanarl.tasks.sampling import GenerationSpec
 
 GRID_PROMPTS = 16
