@@ -17,6 +17,8 @@ from rich.console import Console
 
 from sanarl.bench.methods import RATIOS
 from sanarl.bench.plan import EVAL_SEED
+from sanarl.core.images import save_grid
+from sanarl.core.tracking import read_metrics
 from sanarl.rewards.summary import describe
 
 STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", "entropy")
@@ -122,8 +124,6 @@ def plot_accuracy_vs_time(path: Path, output: Path, records: list[dict[str, Any]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sanarl.core.tracking import read_metrics
-
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     colors: dict[str, Any] = {}
     for r in records:
@@ -165,8 +165,6 @@ def write_grids(
 ) -> list[Path]:
     """grids/<method>.png: top row the base, bottom row the method (its first seed), same prompts and seeds."""
     import torch
-
-    from sanarl.core.images import save_grid
 
     base = load_preview(output / "base")
     written = []

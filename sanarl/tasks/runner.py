@@ -47,6 +47,7 @@ from sanarl.tasks.distributed import (
     scalar,
     shard_like,
 )
+from sanarl.tasks.guard import Guard, check_reward_keys, image_guard_stats
 from sanarl.tasks.sampling import GenerationSpec, generate_images
 
 MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
@@ -157,8 +158,6 @@ class Runner:
         cfg = self.cfg.validation
         if not (cfg.enable and cfg.guard.enable):
             return None
-        from sanarl.tasks.guard import Guard, check_reward_keys
-
         if cfg.held_out_rewards and self.acc.is_main_process:  # rank 0 scores the validations
             self._held_out = build_rewards(cfg.held_out_rewards)
             check_reward_keys(cfg.guard, self._held_out)
@@ -336,8 +335,6 @@ class Runner:
             scores = score_images(images, prompts, metadata, self._held_out)
             logged = {f"heldout/{key}": describe(values)["mean"] for key, values in scores.items()}
         if self.guard is not None:
-            from sanarl.tasks.guard import image_guard_stats
-
             logged.update(image_guard_stats(images))
         if logged:
             logger.log(step, logged)
