@@ -48,9 +48,9 @@ def tiny_clip_dir(root: Path) -> Path:
 
 def scorer_throughput(batch: int, repeats: int) -> None:
     """Images/s of each scorer, batched vs one by one."""
-    from sanarl.datasets import shapes_world as world
     from sanarl.evaluation.prompts import shapes_prompts
     from sanarl.rewards import build_reward
+    from sanarl.worlds import shapes as world
 
     rows = shapes_prompts("test", batch, 0)
     images = torch.stack([torch.from_numpy(world.render(m, 32, i)).permute(2, 0, 1).float() / 255

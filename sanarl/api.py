@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sanarl.config import LoadedConfig, check_plugin, dump_toml, resolve_plugin
+from sanarl.models import load_adapter
+from sanarl.rewards.preflight import check_reward_prompts
+from sanarl.tasks import task_class
 from sanarl.tasks.base import Task
-from sanarl.tasks.runner import RunResult
+from sanarl.tasks.distributed import enable_fsdp_on_cpu
+from sanarl.tasks.runner import MIXED_PRECISION, Runner, RunResult, check_writable, prepare_run_dir
 
 
 @dataclass
@@ -39,8 +43,6 @@ def _accelerator(mixed_precision: str, cpu: bool):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from sanarl.tasks.distributed import enable_fsdp_on_cpu
-
     AcceleratorState._reset_state(reset_partial_state=False)
     acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     enable_fsdp_on_cpu(acc)
@@ -50,11 +52,6 @@ def _accelerator(mixed_precision: str, cpu: bool):
 def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_plan=None) -> TrainOutcome:
     """Resolve the plugin, load the model, build the task and run it (or stop after the plan when dry_run)."""
     import torch
-
-    from sanarl.models import load_adapter
-    from sanarl.rewards.preflight import check_reward_prompts
-    from sanarl.tasks import task_class
-    from sanarl.tasks.runner import MIXED_PRECISION, Runner, check_writable, prepare_run_dir
 
     quiet_libraries()
     cfg = loaded.config

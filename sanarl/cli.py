@@ -17,15 +17,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
-from sanarl.errors import UserError
-
-console = Console(stderr=True)
-out = Console()
+from sanarl.ui import console, guarded, out
 
 SUBCOMMANDS = ("validate", "presets", "eval", "bench")
 
@@ -37,28 +32,12 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: dotte
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")]
 
 
-def _guarded(debug: bool, fn, *args) -> None:
-    """Run fn; bad input -> message + exit 2, other failures -> traceback + exit 1."""
-    try:
-        fn(*args)
-    except UserError as err:
-        if debug:
-            traceback.print_exc()
-        console.print(
-            f"[bold red]error:[/] {escape(str(err))}", highlight=False
-        )  # brackets are text, not markup
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
-        raise SystemExit(130) from None
-
-
 # --- train -------------------------------------------------------------------------------------------------------
 def train(
     config: ConfigOpt, plugin: PluginArg, set_: SetOpt = None, dry_run: bool = False, debug: DebugOpt = False
 ):
     """Post-train a model with a preset and a dataset plugin."""
-    _guarded(debug, _train, config, plugin, set_, dry_run)
+    guarded(debug, _train, config, plugin, set_, dry_run)
 
 
 def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: bool) -> None:
@@ -149,7 +128,7 @@ def validate(
     debug: DebugOpt = False,
 ):
     """Resolve preset and plugin, check the data, print the plan. Loads no model weights."""
-    _guarded(debug, _validate, config, plugin, set_, world_size)
+    guarded(debug, _validate, config, plugin, set_, world_size)
 
 
 def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None) -> None:
@@ -268,7 +247,7 @@ def presets(
     debug: DebugOpt = False,
 ):
     """List the shipped presets (name, purpose, file); `--copy NAME DIR` copies one out to edit."""
-    _guarded(debug, _presets, copy)
+    guarded(debug, _presets, copy)
 
 
 def _presets(copy: tuple[str, Path] | None) -> None:

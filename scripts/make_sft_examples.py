@@ -3,7 +3,7 @@
 Usage: `python scripts/make_sft_examples.py [--out DIR] [--size 64] [--seed 0] [--per-tag 2]`.
 
 For each of the six GenEval categories (train split) it takes the first `--per-tag` distinct prompts of the
-deterministic item stream `shapes_world.sample_item("train", seed, i)` and writes `<stem>.png` (the ground-truth
+deterministic item stream `sanarl.worlds.shapes.sample_item("train", seed, i)` and writes `<stem>.png` (the ground-truth
 render, `--size` px) and `<stem>.json` (`{"prompt": ...}`), the layout `sanarl.datasets.diffusers_dataset` reads.
 Stems are `<two-digit number>_<tag>`. Re-running with the same arguments rewrites identical files.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from sanarl.datasets import shapes_world as world
+from sanarl.worlds import shapes as world
 
 
 def pick_examples(seed: int, per_tag: int) -> list[tuple[dict, int]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from sanarl.datasets.shapes_world import BACKGROUND, PALETTE
+from sanarl.worlds.shapes import BACKGROUND, PALETTE
 
 SCALE = 1.25
 """Image side / bucket side: the files are larger than their bucket, so loading resizes and crops."""

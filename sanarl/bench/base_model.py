@@ -21,8 +21,12 @@ from pathlib import Path
 
 import torch
 
-from sanarl.config.presets import data_dir
+from sanarl import api
+from sanarl.config import load_config
+from sanarl.config.presets import data_dir, resolve_preset_path
+from sanarl.core.checkpoint import list_checkpoints, load_checkpoint
 from sanarl.errors import DataError
+from sanarl.models.tiny import ensure_tiny_pipeline
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,6 @@ def train_base(
 ) -> Path:
     """Run `recipe` for `steps` (default: `recipe.steps`) into `run_dir`, resuming a previous run there; returns
     `run_dir`."""
-    from sanarl import api
-    from sanarl.config import load_config
-    from sanarl.config.presets import resolve_preset_path
 
     sets = [
         f"train.output_dir={run_dir}",
@@ -82,8 +83,6 @@ def export_base(run_dir: Path, target: Path | None = None, recipe: BaseRecipe = 
     import diffusers
 
     importlib.import_module(recipe.classes_module)
-    from sanarl.core.checkpoint import list_checkpoints, load_checkpoint
-    from sanarl.models.tiny import ensure_tiny_pipeline
 
     found = list_checkpoints(Path(run_dir) / "checkpoints")
     if not found:

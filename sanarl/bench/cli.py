@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+from sanarl.errors import UserError
+from sanarl.ui import guarded, out
+
 bench_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -53,12 +56,9 @@ def shapes(
 ):
     """Post-train the tiny shapes base with each method for the same budget, evaluate all on the held-out split,
     write results.md / results.json / accuracy_vs_time.png / grids/ (docs/shapes.md, "The bench")."""
-    from sanarl.cli import _guarded
 
     def go() -> None:
         from sanarl.bench.plan import describe_plan, resolve_plan
-        from sanarl.cli import out
-        from sanarl.errors import UserError
 
         if min(eval_, eval_steps, jobs) < 1:
             raise UserError("`--eval`, `--eval-steps` and `--jobs` must be >= 1.")
@@ -76,4 +76,4 @@ def shapes(
         run_bench(opts, out)
         out.print(f"[bold green]done[/]: {output}/results.md, results.json, accuracy_vs_time.png, grids/")
 
-    _guarded(debug, go)
+    guarded(debug, go)

@@ -13,7 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sanarl.bench.methods import parse_methods
 from sanarl.errors import UserError
+
+EVAL_SEED = 2026
+"""Seed of the held-out items (`sample_item("test", EVAL_SEED, i)`) and of their images (EVAL_SEED + i)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,6 @@ def resolve_plan(
     Raises:
         ConfigError: an unknown method (methods.parse_methods); UserError: seeds < 1 or budget <= 0.
     """
-    from sanarl.bench.methods import parse_methods
 
     base = FULL if full else DEFAULT
     plan = BenchPlan(

@@ -15,13 +15,25 @@ from typing import Any
 
 from rich.console import Console
 
-from sanarl.evaluation.summary import describe
+from sanarl.bench.methods import RATIOS
+from sanarl.bench.plan import EVAL_SEED
+from sanarl.core.images import save_grid
+from sanarl.core.tracking import read_metrics
+from sanarl.rewards.summary import describe
 
 STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", "entropy")
 
 
 ACCURACY_PARTS: tuple[str, ...] = ("strict", "partial", "exact")
 """Held-out accuracies per method: GenEval's strict and partial, and the exact variant (extra objects fail)."""
+
+
+def load_preview(run_dir: Path):
+    """The preview images `[k, 3, H, W]` a finished run saved, or None."""
+    import torch
+
+    path = run_dir / "preview.pt"
+    return torch.load(path, weights_only=True) if path.is_file() else None
 
 
 def _score(record: dict[str, Any], key: str, field: str = "mean") -> float:
@@ -68,7 +80,6 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Held-out strict accuracy ratios of methods.RATIOS pairs that both ran."""
-    from sanarl.bench.methods import RATIOS
 
     by = {r["method"]: r for r in rows}
     out = []
@@ -113,8 +124,6 @@ def plot_accuracy_vs_time(path: Path, output: Path, records: list[dict[str, Any]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sanarl.core.tracking import read_metrics
-
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     colors: dict[str, Any] = {}
     for r in records:
@@ -157,9 +166,6 @@ def write_grids(
     """grids/<method>.png: top row the base, bottom row the method (its first seed), same prompts and seeds."""
     import torch
 
-    from sanarl.bench.shapes import load_preview
-    from sanarl.core.images import save_grid
-
     base = load_preview(output / "base")
     written = []
     for method in dict.fromkeys(r["method"] for r in records if r["method"] != "base"):
@@ -178,7 +184,6 @@ def write_grids(
 
 def write_report(opts, records: list[dict[str, Any]], rows, console: Console) -> dict[str, Any]:
     """Write results.json, results.md, accuracy_vs_time.png, grids/; print the table; return results.json."""
-    from sanarl.bench.shapes import EVAL_SEED
 
     out = opts.output
     table = aggregate(records)

@@ -18,14 +18,20 @@ from typing import Any
 
 from rich.console import Console
 
+from sanarl import api
+from sanarl.bench.base_model import export_base, train_base
+from sanarl.bench.methods import METHODS, rollout_cost
+from sanarl.bench.plan import EVAL_SEED
+from sanarl.bench.report import write_report
+from sanarl.config import load_config
+from sanarl.config.presets import resolve_preset_path
+from sanarl.core.tracking import read_metrics
 from sanarl.evaluation.prompts import PromptSet, shapes_prompts
 from sanarl.evaluation.run import EvalSettings, evaluate_source
-from sanarl.evaluation.scoring import build_rewards
 from sanarl.evaluation.sources import ModelSource, load_source, resolve_checkpoint, resolve_model
+from sanarl.rewards.scoring import build_rewards
 from sanarl.tasks.sampling import GenerationSpec
 
-EVAL_SEED = 2026
-"""Seed of the held-out items (`sample_item("test", EVAL_SEED, i)`) and of their images (EVAL_SEED + i)."""
 PLUGIN = "sanarl.datasets.shapes"
 BASE_MODEL = "sanarl-tiny:shapes-base"
 
@@ -86,14 +92,6 @@ def _save_preview(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return record
 
 
-def load_preview(run_dir: Path):
-    """The preview images `[k, 3, H, W]` a finished run saved, or None."""
-    import torch
-
-    path = run_dir / "preview.pt"
-    return torch.load(path, weights_only=True) if path.is_file() else None
-
-
 def run_base(opts: BenchOptions, rows: PromptSet, base_model: str, console: Console) -> dict[str, Any]:
     """Evaluate the base once (`<out>/base/done.json`)."""
     run_dir = opts.output / "base"
@@ -129,11 +127,6 @@ def run_method(
     method: str, seed: int, opts: BenchOptions, rows: PromptSet, base_model: str, console: Console
 ) -> dict[str, Any]:
     """Train one (method, seed) within the budget and evaluate it; `done.json` holds the record."""
-    from sanarl import api
-    from sanarl.bench.methods import METHODS, rollout_cost
-    from sanarl.config import load_config
-    from sanarl.config.presets import resolve_preset_path
-    from sanarl.core.tracking import read_metrics
 
     run_dir = opts.output / method / f"seed{seed}"
     done = run_dir / "done.json"
@@ -169,7 +162,6 @@ def prepare_base(opts: BenchOptions, console: Console) -> str:
     """The base model id: the shipped one, or (`--rebuild-base`) a fresh build at `<out>/base-model`."""
     if not opts.rebuild_base:
         return BASE_MODEL
-    from sanarl.bench.base_model import export_base, train_base
 
     target = opts.output / "base-model"
     if opts.resume and (target / "model_index.json").is_file():
@@ -213,7 +205,6 @@ def run_all_methods(opts: BenchOptions, rows: PromptSet, base_model: str, consol
 
 def run_bench(opts: BenchOptions, console: Console | None = None) -> dict[str, Any]:
     """Run everything, write the report; returns results.json's content."""
-    from sanarl.bench.report import write_report
 
     console = console or Console()
     opts.output.mkdir(parents=True, exist_ok=True)

@@ -111,11 +111,11 @@ def plugin_label(module: types.ModuleType) -> str:
 
 
 def builtin_plugins() -> list[str]:
-    """Dotted names of the plugins shipped in `sanarl.datasets`: modules whose source defines `get_dataset`."""
-    import sanarl.datasets as pkg
-
+    """Dotted names of the plugins shipped in `sanarl.datasets`: modules whose source defines `get_dataset`. The
+    package is found by name, not imported (config sits below datasets, docs/architecture.md)."""
+    spec = importlib.util.find_spec("sanarl.datasets")
     found = []
-    for info in pkgutil.iter_modules(pkg.__path__):
+    for info in pkgutil.iter_modules(list(spec.submodule_search_locations or []) if spec else []):
         base = Path(info.module_finder.path) / info.name  # type: ignore[union-attr]
         source = base / "__init__.py" if info.ispkg else base.with_suffix(".py")
         try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sanarl.errors import ConfigError
+
 
 @dataclass
 class LoraConfig:
@@ -362,8 +364,6 @@ class GuardConfig:
 
     def check(self, validation: ValidationConfig) -> None:
         """Raise ConfigError naming the key and the fix on an invalid guard."""
-        from sanarl.errors import ConfigError
-
         if not self.enable:
             return
         where = "validation.guard"
@@ -385,8 +385,6 @@ class GuardConfig:
 
     @staticmethod
     def _check_metric(m: GuardMetricConfig, where: str, held_out: list[str]) -> None:
-        from sanarl.errors import ConfigError
-
         parts = m.key.split("/")
         ok = len(parts) >= 3 and parts[0] == "heldout" and all(parts)
         if ok and parts[1] == "image":

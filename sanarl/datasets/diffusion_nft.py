@@ -52,8 +52,8 @@ from torch.utils.data import Dataset
 
 from sanarl.config.presets import data_dir
 from sanarl.config.schema import Config, DatasetConfig
-from sanarl.datasets import geneval_templates
 from sanarl.errors import ConfigError, DataError
+from sanarl.worlds import geneval_templates
 
 log = logging.getLogger(__name__)
 

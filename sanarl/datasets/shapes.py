@@ -1,7 +1,7 @@
 """Dataset plugin for the procedural shapes world (the embedded default dataset: no download, deterministic).
 
 Usage: `sanarl --config tiny-shapes-sft sanarl.datasets.shapes`. The world (palette, shapes, caption
-templates, train / held-out split, renderer, judge) lives in `sanarl.datasets.shapes_world`; docs/shapes.md
+templates, train / held-out split, renderer, judge) lives in `sanarl.worlds.shapes`; docs/shapes.md
 specifies it.
 
 Config keys read:
@@ -13,7 +13,7 @@ Config keys read:
   "metadata": dict}`; anything else (RL) -> items `{"prompt": str, "metadata": dict}`;
 - `validation.dataset.split` (default "test") and `validation.num_samples` for `get_val_dataset`
   (items `{"prompt", "metadata"}`);
-- `policy.diffusers.is_video`: true -> the moving-shapes world of `sanarl.datasets.shapes_video` (SFT items
+- `policy.diffusers.is_video`: true -> the moving-shapes world of `sanarl.worlds.moving_shapes` (SFT items
   `{"prompt", "video": FloatTensor[3, T, H, W], "metadata"}` with T = `policy.diffusers.train_frames`, a square
   side that is a multiple of 8 and >= 16; docs/video.md).
 `dataset.name`, `subset` and `local_dir` are not used. Metadata rows are in GenEval's JSONL format, so the `shapes`
@@ -29,9 +29,9 @@ from torch.utils.data import Dataset
 
 from sanarl.config.schema import Config
 from sanarl.datasets import shapes_video
-from sanarl.datasets import shapes_world as world
 from sanarl.datasets.common import collate as _default_collate
 from sanarl.errors import DataError
+from sanarl.worlds import shapes as world
 
 SIZE_KEY = "policy.diffusers.inference_size"
 SPLIT_KEY = "train.train_policy.dataset.split"
@@ -105,7 +105,7 @@ def _length(size: int | None, split: str, key: str) -> int:
 
 def get_dataset(config: Config) -> Dataset:
     """Training dataset: SFT items with rendered images, or RL items (prompt + metadata) for other task types;
-    with `policy.diffusers.is_video` the moving-shapes clips of `sanarl.datasets.shapes_video`.
+    with `policy.diffusers.is_video` the moving-shapes clips of `sanarl.worlds.moving_shapes`.
 
     Raises:
         DataError: bad split name, item count or image size (the message names the key).

@@ -20,18 +20,18 @@ _EXPORTS: dict[str, str] = {
     "EvalSettings": "run",
     "generation_spec": "run",
     "run_eval": "run",
-    "build_rewards": "scoring",
+    "build_rewards": "sanarl.rewards.scoring",
     "evaluate_rewards": "scoring",
     "generate_and_score": "scoring",
-    "score_images": "scoring",
+    "score_images": "sanarl.rewards.scoring",
     "ModelSource": "sources",
     "load_source": "sources",
     "resolve_checkpoint": "sources",
     "resolve_model": "sources",
-    "compare": "summary",
-    "describe": "summary",
-    "geneval_accuracy": "summary",
-    "summarize": "summary",
+    "compare": "sanarl.rewards.summary",
+    "describe": "sanarl.rewards.summary",
+    "geneval_accuracy": "sanarl.rewards.summary",
+    "summarize": "sanarl.rewards.summary",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -40,4 +40,5 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'sanarl.evaluation' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sanarl.evaluation.{_EXPORTS[name]}"), name)
+    module = _EXPORTS[name]
+    return getattr(importlib.import_module(module if "." in module else f"sanarl.evaluation.{module}"), name)

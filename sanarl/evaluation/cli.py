@@ -6,6 +6,10 @@ from typing import Annotated
 
 import typer
 
+from sanarl.config.presets import resolve_preset_path
+from sanarl.errors import UserError
+from sanarl.ui import console, guarded, out
+
 Strs = list[str] | None
 
 
@@ -35,23 +39,20 @@ def eval_command(
 ):
     """Generate with one or more models on the same prompts and seeds, score with rewards, write samples.jsonl,
     summary.json and grid.png (docs/eval.md). The first --model (else the first --checkpoint) is the reference."""
-    from sanarl.cli import _guarded
 
     args = dict(
         checkpoints=checkpoint or [], models=model or [], prompts=prompts, dataset=dataset, rewards=rewards,
         output=output, config=config, num=num, steps=steps, guidance=guidance, seed=seed, batch_size=batch_size,
         overrides=set_ or [], stats=image_stats, use_ema=not no_ema,
     )  # fmt: skip
-    _guarded(debug, lambda: _eval(**args))
+    guarded(debug, lambda: _eval(**args))
 
 
 def _eval(*, checkpoints, models, prompts, dataset, rewards, output, config, num, steps, guidance, seed,
           batch_size, overrides, stats, use_ema) -> None:  # fmt: skip
     from dataclasses import replace
 
-    from sanarl.cli import console, out, resolve_preset_path
     from sanarl.config import apply_overrides, load_config
-    from sanarl.errors import UserError
     from sanarl.evaluation.console import EvalProgress, results_table
     from sanarl.evaluation.prompts import load_prompts
     from sanarl.evaluation.run import EvalSettings, run_eval

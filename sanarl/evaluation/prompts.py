@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sanarl.errors import DataError
+from sanarl.worlds import shapes as world
 
 SHAPES_DEFAULT_NUM = 512
 """Samples of `--dataset shapes` when `--num` is not given (standard error of a strict accuracy ~0.02)."""
@@ -48,8 +49,6 @@ class PromptSet:
 
 def shapes_prompts(split: str, num: int, seed: int) -> PromptSet:
     """`num` shapes-world items of `split` (tags balanced, see docs/shapes.md), a pure function of (split, seed)."""
-    from sanarl.datasets import shapes_world as world
-
     name = world.canonical_split(split, "--dataset shapes:<split>")
     metas = [world.sample_item(name, seed, i)[0] for i in range(num)]  # GenEval rows, prompt included
     return PromptSet([m["prompt"] for m in metas], metas, f"shapes world, split {name!r}, seed {seed}")

@@ -21,13 +21,15 @@ from typing import Any
 import torch
 
 from sanarl.config.schema import Config
+from sanarl.core.images import save_grid, to_uint8
 from sanarl.errors import UserError
 from sanarl.evaluation.prompts import PromptSet
-from sanarl.evaluation.scoring import build_rewards, generate_and_score
+from sanarl.evaluation.scoring import generate_and_score
 from sanarl.evaluation.sources import ModelSource, load_source, safe_name
-from sanarl.evaluation.summary import compare, summarize
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.preflight import check_items
+from sanarl.rewards.scoring import build_rewards
+from sanarl.rewards.summary import compare, summarize
 from sanarl.tasks.sampling import GenerationSpec
 
 GRID_PROMPTS = 16
@@ -97,8 +99,6 @@ def evaluate_source(
     advance=None,
 ) -> ModelResult:
     """Generate and score every row with one loaded model; write `images/<label>/<i>.png` when `output` is set."""
-    from sanarl.core.images import to_uint8
-
     seeds = [settings.seed + i for i in range(len(rows))]
     folder = None if output is None else output / "images" / safe_name(label)
     if folder is not None:
@@ -220,8 +220,6 @@ def write_samples(path: Path, rows: PromptSet, settings: EvalSettings, results: 
 
 def write_grid(path: Path, rows: PromptSet, results: list[ModelResult]) -> Path | None:
     """grid.png: for each of the first prompts, one tile per model side by side (caption `model: prompt`)."""
-    from sanarl.core.images import save_grid
-
     previews = [r.preview for r in results]
     if any(p is None for p in previews):
         return None

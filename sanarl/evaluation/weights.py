@@ -17,12 +17,11 @@ from sanarl.config.schema import Config
 from sanarl.core.lora import activate_adapter, add_lora_adapters
 from sanarl.errors import DataError
 from sanarl.models.base import DiffusionAdapter
+from sanarl.tasks import task_class
 
 
 def lora_names(cfg: Config) -> list[str]:
     """Adapter names the run's task created: `[policy.lora].lora_names` plus the task class's own (NFT: "old")."""
-    from sanarl.tasks import task_class
-
     assert cfg.policy.lora is not None
     return list(dict.fromkeys([*cfg.policy.lora.lora_names, *task_class(cfg).lora_names]))
 

@@ -15,13 +15,9 @@ import os
 from pathlib import Path
 
 from sanarl.errors import WeightsError
+from sanarl.models.tiny import ensure_tiny_pipeline
 
 TINY_PREFIX = "sanarl-tiny:"
-
-
-def cache_dir() -> Path:
-    """Root of sanarl's own cache (`$SANARL_CACHE`, default `~/.cache/sanarl`)."""
-    return Path(os.environ.get("SANARL_CACHE", Path.home() / ".cache" / "sanarl"))
 
 
 def _missing_weights_message(name: str, reason: str) -> str:
@@ -52,8 +48,6 @@ def local_weights(name: str, revision: str | None = None) -> Path | None:
 def resolve_weights(name: str, revision: str | None = None) -> Path:
     """A local pipeline directory for `name`, building (tiny) or downloading (Hub) it when needed."""
     if name.startswith(TINY_PREFIX):
-        from sanarl.models.tiny import ensure_tiny_pipeline
-
         return ensure_tiny_pipeline(name[len(TINY_PREFIX) :])
     path = Path(name).expanduser()
     if path.is_dir():

@@ -22,7 +22,7 @@ import torch
 
 from sanarl.config.presets import data_dir
 from sanarl.errors import WeightsError
-from sanarl.models.loading import cache_dir
+from sanarl.models.cache import cache_dir
 
 TINY_VERSION = 2
 

@@ -29,7 +29,6 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from sanarl.datasets.geneval_templates import COCO_CLASSES, COLORS
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards import geneval_rules as rules
 from sanarl.rewards.base import to_uint8_hwc
@@ -40,6 +39,7 @@ from sanarl.rewards.clip_models import (
     resolve_dirs,
     reward_ckpts_dir,
 )
+from sanarl.worlds.geneval_templates import COCO_CLASSES, COLORS
 
 COCO_IDS: tuple[int, ...] = (
     *range(1, 12), *range(13, 26), 27, 28, *range(31, 45), *range(46, 66), 67, 70, *range(72, 83), *range(84, 91),

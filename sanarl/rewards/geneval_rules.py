@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from sanarl.datasets.geneval_templates import COLORS, RELATIONS, row_problem
 from sanarl.rewards.base import RewardInputError
+from sanarl.worlds.geneval_templates import COLORS, RELATIONS, row_problem
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 A video-native reward: it takes whole clips `[B, C, T, H, W]` in [0, 1] (class attribute `video_native = True`
 tells `RewardFunction` to pass clips through instead of scoring frames one by one) and each clip's metadata row
 with a `motion` direction (forwarded by `sanarl.datasets.shapes` in video mode), or for a prompt without one the
-direction its caption states ("a red circle moving left", `shapes_captions.parse_motion_caption`). The judge is
-`shapes_video.judge_motion` (centroid track -> least-squares displacement D -> `(1 + cos(D, u)) / 2` times a travel
+direction its caption states ("a red circle moving left", `sanarl.worlds.shapes.captions.parse_motion_caption`). The judge is
+`moving_shapes.judge_motion` (centroid track -> least-squares displacement D -> `(1 + cos(D, u)) / 2` times a travel
 factor). Keys:
 - `direction` (default key): in [0, 1]; ~1 for ground-truth clips, ~0 for reversed or static ones, 0.5 sideways;
 - `travel`: signed displacement along the asked direction as a fraction of the clip side;
@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from sanarl.datasets import shapes_video
-from sanarl.datasets.shapes_captions import motion_row
 from sanarl.errors import DataError
 from sanarl.rewards.base import Reward, RewardInputError, check_images
 from sanarl.rewards.video import frames_as_images
+from sanarl.worlds import moving_shapes
+from sanarl.worlds.shapes.captions import motion_row
 
 
 def check_clips(clips: Any, reward: str) -> torch.Tensor:
@@ -62,7 +62,7 @@ class MotionReward(Reward):
         arr = images.detach().float().cpu().permute(0, 2, 3, 4, 1).double().numpy()  # [B, T, H, W, C]
         for clip, prompt, row in zip(arr, prompts, metadata, strict=True):
             direction = motion_direction(prompt, row)
-            result = shapes_video.judge_motion(clip, direction)
+            result = moving_shapes.judge_motion(clip, direction)
             values["direction"].append(result.direction)
             values["travel"].append(result.travel)
             values["visible"].append(result.visible)
@@ -79,6 +79,6 @@ def motion_direction(prompt: str, metadata: dict[str, Any] | None) -> str:
         RewardInputError: naming the prompt (and the grammar when the caption does not parse).
     """
     try:
-        return shapes_video.check_direction(motion_row(prompt, metadata))
+        return moving_shapes.check_direction(motion_row(prompt, metadata))
     except DataError as exc:
         raise RewardInputError(f"reward 'motion': {exc}") from exc

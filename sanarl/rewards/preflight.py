@@ -14,6 +14,7 @@ from typing import Any
 from sanarl.config.schema import Config
 from sanarl.errors import DataError
 from sanarl.rewards.base import Reward, RewardInputError
+from sanarl.rewards.registry import build_reward
 
 MAX_CHECKED_ITEMS = 4096
 """Training items read at most (a procedural or very large set is checked on its first items; a later bad item
@@ -25,8 +26,6 @@ def _checking(rewards: Iterable[Reward]) -> list[Reward]:
 
 
 def _trained_rewards(cfg: Config) -> list[Reward]:
-    from sanarl.rewards.registry import build_reward
-
     tp = cfg.train.train_policy
     if (
         tp.type != "grpo" or tp.use_remote_reward
@@ -36,8 +35,6 @@ def _trained_rewards(cfg: Config) -> list[Reward]:
 
 
 def _held_out_rewards(cfg: Config) -> list[Reward]:
-    from sanarl.rewards.registry import build_reward
-
     return _checking(build_reward(name) for name in cfg.validation.held_out_rewards)
 
 

@@ -1,7 +1,7 @@
 """The `shapes` reward: the shapes world's programmatic judge as a reward (no weights, CPU, ~3 ms per 32 px image).
 
 Each image is judged against its GenEval-format metadata row (forwarded by `sanarl.datasets.shapes`), or, for a
-prompt without one, the row its caption states in the shapes grammar (`shapes_captions.parse_caption`: "two red
+prompt without one, the row its caption states in the shapes grammar (`sanarl.worlds.shapes.captions.parse_caption`: "two red
 squares", "a blue circle to the left of a yellow square"), with `shapes_world.judge`: detected objects (colour, class, box) -> GenEval's clauses (count, colour, relative position,
 exclude). Keys:
 - `partial` (default key): fraction of the row's clauses that hold, in [0, 1]. The denser signal for RL: a sample
@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from sanarl.datasets import shapes_world as world
-from sanarl.datasets.shapes_captions import shapes_row
 from sanarl.errors import DataError
 from sanarl.rewards.base import Reward, RewardInputError
+from sanarl.worlds import shapes as world
+from sanarl.worlds.shapes.captions import shapes_row
 
 JUDGE_KEYS = ("partial", "strict", "exact", "exact_partial", "objects", "extra")
 STATS_KEYS = ("background", "specks", "entropy")

@@ -27,6 +27,8 @@ import torch
 
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.core.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
+from sanarl.core.media import save_media
+from sanarl.errors import ConfigError
 
 IMAGE_PREFIX = "heldout/image/"
 
@@ -133,8 +135,6 @@ def check_reward_keys(cfg: GuardConfig, rewards: Mapping[str, object]) -> None:
     Raises:
         ConfigError: naming the guard key and the reward's keys.
     """
-    from sanarl.errors import ConfigError
-
     for i, rule in enumerate(cfg.metrics):
         _, name, key = rule.key.split("/", 2)
         keys = getattr(rewards.get(name), "keys", None)
@@ -175,8 +175,6 @@ class Guard:
         """
         missing = [k for k in self.values if k not in logged]
         if missing:
-            from sanarl.errors import ConfigError
-
             raise ConfigError(
                 f"`validation.guard.metrics` key(s) {missing} were not logged by the validation; it logged "
                 f"{sorted(logged)}. Use one of those keys."
@@ -200,8 +198,6 @@ class Guard:
         drawn (`guard/alarm_step_*.png`) and recorded (`guard/alarm.json`)."""
         trained = self.trained if self.cfg.trained_metric else None
         if trained is not None and not trained and self.step_keys:
-            from sanarl.errors import ConfigError
-
             raise ConfigError(
                 f"`validation.guard.trained_metric` = {self.cfg.trained_metric!r} is not a metric this run logs per "
                 f'step ({", ".join(sorted(self.step_keys))}); set it to one of those, or to "" to fire on the guard '
@@ -222,8 +218,6 @@ class Guard:
 
     def _write_alarm(self, alarm: Alarm) -> Path | None:
         """guard/alarm.json (every alarm so far) and the best-vs-current grid of this one."""
-        from sanarl.core.media import save_media
-
         self.root.mkdir(parents=True, exist_ok=True)
         record = self.root / "alarm.json"
         history = json.loads(record.read_text()) if record.is_file() else []

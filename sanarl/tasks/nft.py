@@ -22,6 +22,7 @@ from sanarl.core.media import save_media
 from sanarl.core.nft_loss import nft_loss
 from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import Cond
+from sanarl.rewards.combine import RewardResult
 from sanarl.tasks.base import Task, per_rank_batch
 from sanarl.tasks.data import step_indices
 from sanarl.tasks.rollout import PromptGroup, RolloutEngine, group_seeds
@@ -374,8 +375,6 @@ def check_steps_per_rollout(cfg: Config) -> None:
 
 def _reward_metrics(groups: list[PromptGroup]) -> dict[str, float]:
     """reward/mean, std, min, max, per key and dropped count over this rank's kept samples."""
-    from sanarl.rewards.combine import RewardResult
-
     results = [g.reward for g in groups]
     merged = RewardResult(
         torch.cat([r.total for r in results]),

@@ -33,6 +33,8 @@ from sanarl.core.ema import EMA
 from sanarl.core.media import save_media
 from sanarl.core.tracking import MetricsLogger, plot_metrics
 from sanarl.errors import ConfigError, UserError
+from sanarl.rewards.scoring import build_rewards, score_images
+from sanarl.rewards.summary import describe
 from sanarl.tasks.base import Task
 from sanarl.tasks.data import step_generator
 from sanarl.tasks.distributed import (
@@ -45,6 +47,7 @@ from sanarl.tasks.distributed import (
     scalar,
     shard_like,
 )
+from sanarl.tasks.guard import Guard, check_reward_keys, image_guard_stats
 from sanarl.tasks.sampling import GenerationSpec, generate_images
 
 MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
@@ -155,9 +158,6 @@ class Runner:
         cfg = self.cfg.validation
         if not (cfg.enable and cfg.guard.enable):
             return None
-        from sanarl.evaluation.scoring import build_rewards
-        from sanarl.tasks.guard import Guard, check_reward_keys
-
         if cfg.held_out_rewards and self.acc.is_main_process:  # rank 0 scores the validations
             self._held_out = build_rewards(cfg.held_out_rewards)
             check_reward_keys(cfg.guard, self._held_out)
@@ -329,17 +329,12 @@ class Runner:
         names = self.cfg.validation.held_out_rewards
         logged: dict[str, float] = {}
         if names:
-            from sanarl.evaluation.scoring import build_rewards, score_images
-            from sanarl.evaluation.summary import describe
-
             if self._held_out is None:
                 self._held_out = build_rewards(names)
             metadata = self.task.validation_metadata(len(prompts))
             scores = score_images(images, prompts, metadata, self._held_out)
             logged = {f"heldout/{key}": describe(values)["mean"] for key, values in scores.items()}
         if self.guard is not None:
-            from sanarl.tasks.guard import image_guard_stats
-
             logged.update(image_guard_stats(images))
         if logged:
             logger.log(step, logged)

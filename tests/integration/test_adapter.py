@@ -81,7 +81,7 @@ def test_offload_keeps_frozen_parts_on_cpu_and_gives_the_same_numbers(dcae):
 
 
 def test_shapes_vocabulary_covers_every_caption():
-    from sanarl.datasets.shapes_world import caption_vocabulary
     from sanarl.models.tiny import SHAPES_VOCABULARY
+    from sanarl.worlds.shapes import caption_vocabulary
 
     assert set(caption_vocabulary()) <= set(SHAPES_VOCABULARY)

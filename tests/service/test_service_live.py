@@ -38,13 +38,13 @@ from reward_service.lua import Scripts
 from reward_service.protocol import parse_enqueue
 from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
-from sanarl.datasets import shapes_world as world
 from sanarl.errors import ConfigError
 from sanarl.rewards import RewardFunction
 from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from sanarl.rewards.pool import RewardTimeout
 from sanarl.rewards.remote import RemoteRewardError, RemoteRewardFunction
 from sanarl.rewards.shapes import ShapesReward
+from sanarl.worlds import shapes as world
 
 pytestmark = pytest.mark.service
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sanarl-hypothesis")  # not .hypothesis/ in the repo

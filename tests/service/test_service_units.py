@@ -24,11 +24,11 @@ from reward_service.protocol import PayloadError, decode_array, encode_body, par
 from reward_service.scoring import Task, score_tasks
 from reward_service.supervisor import worker_slots
 from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, Worker, _hosted
-from sanarl.datasets import shapes_world as world
 from sanarl.errors import ConfigError
 from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from sanarl.rewards.shapes import ShapesReward
 from sanarl.rewards.video import score_video
+from sanarl.worlds import shapes as world
 
 pytestmark = pytest.mark.service
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sanarl-hypothesis")  # not .hypothesis/ in the repo

@@ -10,8 +10,8 @@ import pytest
 from sanarl.config.plugins import builtin_plugins, check_plugin, resolve_plugin
 from sanarl.config.schema import Config
 from sanarl.datasets import diffusion_nft as nft
-from sanarl.datasets import geneval_templates as gt
 from sanarl.errors import ConfigError, DataError
+from sanarl.worlds import geneval_templates as gt
 
 PROMPTS = Path(__file__).resolve().parents[2] / "sanarl" / "data" / "datasets" / "prompts"
 GENEVAL_TEST = PROMPTS / "geneval" / "test_metadata.jsonl"

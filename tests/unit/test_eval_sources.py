@@ -13,9 +13,10 @@ from sanarl.core.checkpoint import save_checkpoint
 from sanarl.core.lora import lora_parameters
 from sanarl.errors import ConfigError, DataError
 from sanarl.evaluation.prompts import load_prompts, take
-from sanarl.evaluation.scoring import build_rewards, evaluate_rewards, score_images
+from sanarl.evaluation.scoring import evaluate_rewards
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
 from sanarl.evaluation.weights import _add_lora
+from sanarl.rewards.scoring import build_rewards, score_images
 
 PRESETS = Path(__file__).resolve().parents[2] / "sanarl" / "presets"
 
@@ -110,7 +111,7 @@ def test_prompt_sources(tmp_path):
     assert rows.prompts == ["two circles"] * 3 and rows.tags() == ["counting"] * 3
     assert rows.metadata[0] is not rows.metadata[1]
     shapes = load_prompts(None, "shapes:test", num=6, seed=5)
-    from sanarl.datasets import shapes_world as world
+    from sanarl.worlds import shapes as world
 
     assert [m["prompt"] for m in shapes.metadata] == shapes.prompts
     assert shapes.metadata == [world.sample_item("test", 5, i)[0] for i in range(6)]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from sanarl.bench.report import aggregate, markdown, ratios
-from sanarl.evaluation.summary import compare, describe, geneval_accuracy, paired_delta, summarize
+from sanarl.rewards.summary import compare, describe, geneval_accuracy, paired_delta, summarize
 
 
 def test_describe_matches_hand_computation():

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from sanarl.config.schema import Config, RemoteRewardConfig, RewardFnConfig
-from sanarl.datasets import shapes_world as world
 from sanarl.rewards import (
     Reward,
     RewardFailure,
@@ -20,6 +19,7 @@ from sanarl.rewards import (
     RewardResult,
     RewardTimeout,
 )
+from sanarl.worlds import shapes as world
 
 
 class SleepyReward(Reward):

@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 
 from sanarl.config.schema import Config, RemoteRewardConfig, RewardFnConfig
-from sanarl.datasets import shapes_world as world
 from sanarl.errors import ConfigError, DataError, PluginError, UserError
 from sanarl.rewards import (
     Reward,
@@ -29,6 +28,7 @@ from sanarl.rewards import (
 )
 from sanarl.rewards.jpeg import jpeg_kilobytes
 from sanarl.rewards.shapes import ShapesReward
+from sanarl.worlds import shapes as world
 
 # ---------------------------------------------------------------- helpers
 

@@ -1,4 +1,4 @@
-"""The shapes judges read captions of their own grammar (sanarl/datasets/shapes_captions.py): parsed rows equal the
+"""The shapes judges read captions of their own grammar (sanarl/worlds/shapes/captions.py): parsed rows equal the
 worlds' rows, parsed prompts are judged like prompts with metadata, and the rest is refused naming the grammar,
 before any model loads (`sanarl.rewards.preflight`)."""
 
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from sanarl.config import load_config
-from sanarl.datasets import shapes_video, shapes_world
-from sanarl.datasets.shapes_captions import parse_caption, parse_motion_caption
 from sanarl.errors import DataError
 from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.motion import MotionReward
 from sanarl.rewards.preflight import check_items, check_reward_prompts
 from sanarl.rewards.shapes import ShapesReward
+from sanarl.worlds import moving_shapes
+from sanarl.worlds import shapes as shapes_world
+from sanarl.worlds.shapes.captions import parse_caption, parse_motion_caption
 
 
 def _images(rows: list[dict], size: int = 32) -> torch.Tensor:
@@ -30,8 +31,8 @@ def test_every_world_caption_parses_back_to_its_row():
     assert len(rows) > 500
     assert all(parse_caption(row["prompt"]) == row for row in rows)
     for split in ("train", "test"):
-        for combo in shapes_video.combinations(split):
-            row = shapes_video.metadata_row(*combo)
+        for combo in moving_shapes.combinations(split):
+            row = moving_shapes.metadata_row(*combo)
             assert parse_motion_caption(row["prompt"]) == row
 
 
@@ -80,9 +81,10 @@ def test_a_parsed_prompt_is_judged_like_one_with_metadata():
 
 
 def test_motion_judges_a_caption_without_metadata():
-    row, seed = shapes_video.sample_item("train", 0, 0)
+    row, seed = moving_shapes.sample_item("train", 0, 0)
     clip = (
-        torch.from_numpy(shapes_video.render_clip(row, 16, 8, seed)).permute(3, 0, 1, 2)[None].float() / 255.0
+        torch.from_numpy(moving_shapes.render_clip(row, 16, 8, seed)).permute(3, 0, 1, 2)[None].float()
+        / 255.0
     )
     ok = MotionReward().score(clip, [row["prompt"]], [{}])
     flipped = {"left": "right", "right": "left", "up": "down", "down": "up"}[row["motion"]]

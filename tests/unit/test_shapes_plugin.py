@@ -8,8 +8,8 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.datasets import shapes
-from sanarl.datasets import shapes_world as W
 from sanarl.errors import DataError
+from sanarl.worlds import shapes as W
 
 
 def _config(

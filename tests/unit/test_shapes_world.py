@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from sanarl.datasets import shapes_world as W
 from sanarl.errors import DataError
+from sanarl.worlds import shapes as W
+from sanarl.worlds.shapes import judging as W_judge
 
 
 def _row(split: str, prompt: str) -> dict:
@@ -250,7 +251,7 @@ def test_numpy_labelling_matches_scipy_and_uses_8_connectivity(monkeypatch):
     mask = np.zeros((5, 6), dtype=bool)
     mask[0, 0] = mask[1, 1] = True  # diagonal neighbours: one blob
     mask[0, 4:6] = mask[3:5, 2] = True
-    raw = W._label_numpy(mask)
+    raw = W_judge._label_numpy(mask)
     assert raw[0, 0] == raw[1, 1] == 1 and raw[0, 4] == raw[0, 5] == 5 and raw[3, 2] == raw[4, 2] == 21
     labels, n = W.label_components(mask)
     assert n == 3 and labels[1, 1] == 1 and labels[0, 5] == 2 and labels[4, 2] == 3
@@ -258,10 +259,10 @@ def test_numpy_labelling_matches_scipy_and_uses_8_connectivity(monkeypatch):
     for _ in range(20):
         m = rng.random((32, 32)) < 0.45
         expected, n = W.label_components(m)
-        uniq = np.unique(W._label_numpy(m)[m])
+        uniq = np.unique(W_judge._label_numpy(m)[m])
         assert uniq.size == n
         got = np.zeros_like(expected)
-        got[m] = np.searchsorted(uniq, W._label_numpy(m)[m]) + 1
+        got[m] = np.searchsorted(uniq, W_judge._label_numpy(m)[m]) + 1
         assert np.array_equal(got, expected)
     monkeypatch.setitem(sys.modules, "scipy", None)  # `import scipy` now fails: the numpy fallback runs
     fallback, n_fallback = W.label_components(m)

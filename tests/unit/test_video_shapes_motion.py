@@ -1,4 +1,4 @@
-"""The moving-shapes world (sanarl.datasets.shapes_video), its plugin wiring and the `motion` reward."""
+"""The moving-shapes world (sanarl.worlds.moving_shapes), its plugin wiring and the `motion` reward."""
 
 from __future__ import annotations
 
@@ -7,21 +7,22 @@ import pytest
 import torch
 
 from sanarl.config.schema import Config, RemoteRewardConfig, RewardFnConfig
-from sanarl.datasets import shapes, shapes_video
-from sanarl.datasets import shapes_world as world
+from sanarl.datasets import shapes
 from sanarl.errors import DataError
 from sanarl.models.tiny_video import VIDEO_VOCABULARY
 from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.motion import MotionReward
+from sanarl.worlds import moving_shapes
+from sanarl.worlds import shapes as world
 
 
 def clips_of(split: str, count: int, size: int = 16, frames: int = 8) -> tuple[torch.Tensor, list[dict]]:
     """Ground-truth clips [B, 3, T, H, W] in [0, 1] and their metadata rows."""
     rows, clips = [], []
     for i in range(count):
-        row, seed = shapes_video.sample_item(split, 3, i)
+        row, seed = moving_shapes.sample_item(split, 3, i)
         rows.append(row)
-        clips.append(torch.from_numpy(shapes_video.render_clip(row, size, frames, seed)).permute(3, 0, 1, 2))
+        clips.append(torch.from_numpy(moving_shapes.render_clip(row, size, frames, seed)).permute(3, 0, 1, 2))
     return torch.stack(clips).float() / 255.0, rows
 
 
@@ -36,34 +37,34 @@ def video_config(kind: str = "sft") -> Config:
 
 
 def test_splits_partition_the_48_combinations_and_captions_fit_the_tokenizer():
-    train, test = shapes_video.combinations("train"), shapes_video.combinations("heldout")
+    train, test = moving_shapes.combinations("train"), moving_shapes.combinations("heldout")
     assert len(train) + len(test) == 4 * 3 * 4 and not set(train) & set(test)
     assert ("red", "circle", "left") in test  # (0 + 0 + 0) % 6 == 0
     for color, shape, direction in train + test:
-        words = shapes_video.caption(color, shape, direction).split()
+        words = moving_shapes.caption(color, shape, direction).split()
         assert set(words) <= set(VIDEO_VOCABULARY)
-    assert {d for _, _, d in train} == set(shapes_video.DIRECTIONS)
+    assert {d for _, _, d in train} == set(moving_shapes.DIRECTIONS)
 
 
 def test_path_starts_near_the_centre_moves_the_asked_way_and_stays_inside():
-    for direction, (ux, uy) in shapes_video.DIRECTIONS.items():
+    for direction, (ux, uy) in moving_shapes.DIRECTIONS.items():
         for seed in range(20):
-            path = shapes_video.plan_path(direction, 16, 8, seed)
-            free = 16 - 2 * shapes_video.MARGIN - path.side
+            path = moving_shapes.plan_path(direction, 16, 8, seed)
+            free = 16 - 2 * moving_shapes.MARGIN - path.side
             along0 = path.x0 if ux else path.y0
-            assert abs(along0 - 8) <= shapes_video.START_SPREAD * free + 1e-9
+            assert abs(along0 - 8) <= moving_shapes.START_SPREAD * free + 1e-9
             assert (path.vx, path.vy) == pytest.approx(
                 (ux * abs(path.vx + path.vy), uy * abs(path.vx + path.vy))
             )
             for t in (0, 7):
                 cx, cy = path.x0 + t * path.vx, path.y0 + t * path.vy
-                half = path.side / 2 + shapes_video.MARGIN
+                half = path.side / 2 + moving_shapes.MARGIN
                 assert half - 1e-9 <= cx <= 16 - half + 1e-9 and half - 1e-9 <= cy <= 16 - half + 1e-9
 
 
 def test_render_is_deterministic_and_draws_one_shape_of_the_right_colour():
-    row = shapes_video.metadata_row("blue", "square", "down")
-    a, b = shapes_video.render_clip(row, 16, 8, 5), shapes_video.render_clip(row, 16, 8, 5)
+    row = moving_shapes.metadata_row("blue", "square", "down")
+    a, b = moving_shapes.render_clip(row, 16, 8, 5), moving_shapes.render_clip(row, 16, 8, 5)
     assert a.shape == (8, 16, 16, 3) and a.dtype == np.uint8 and np.array_equal(a, b)
     brightest = a.reshape(-1, 3)[a.reshape(-1, 3).sum(1).argmax()]
     assert tuple(brightest) == world.PALETTE["blue"]
@@ -74,13 +75,15 @@ def test_track_and_displacement_on_a_hand_built_clip():
     clip = np.zeros((3, 8, 16, 3)) + np.asarray(world.BACKGROUND) / 255
     for t in range(3):
         clip[t, 3:5, 2 + 3 * t : 4 + 3 * t] = 1.0
-    cents = shapes_video.track(clip)
+    cents = moving_shapes.track(clip)
     np.testing.assert_allclose(cents, [[3, 4], [6, 4], [9, 4]])
-    np.testing.assert_allclose(shapes_video.displacement(cents), [6, 0])
-    result = shapes_video.judge_motion(clip, "right")
+    np.testing.assert_allclose(moving_shapes.displacement(cents), [6, 0])
+    result = moving_shapes.judge_motion(clip, "right")
     assert result.direction == pytest.approx(1.0) and result.travel == pytest.approx(6 / 16)
-    assert shapes_video.judge_motion(clip, "left").direction == pytest.approx(0.0)
-    assert shapes_video.judge_motion(clip, "up").direction == pytest.approx(0.5)  # sideways: (1 + cos 90) / 2
+    assert moving_shapes.judge_motion(clip, "left").direction == pytest.approx(0.0)
+    assert moving_shapes.judge_motion(clip, "up").direction == pytest.approx(
+        0.5
+    )  # sideways: (1 + cos 90) / 2
 
 
 def test_motion_reward_is_one_on_ground_truth_and_zero_on_reversed_clips():
@@ -90,7 +93,7 @@ def test_motion_reward_is_one_on_ground_truth_and_zero_on_reversed_clips():
     truth = reward.score(clips, prompts, rows)
     assert truth["direction"].min() > 0.99 and truth["visible"].min() == 1.0
     # >= 0.8 of the room left of a start within 0.1 of the free range from the centre: >= 0.15 of the side
-    assert truth["travel"].min() >= shapes_video.MIN_TRAVEL
+    assert truth["travel"].min() >= moving_shapes.MIN_TRAVEL
     reversed_ = reward.score(clips.flip(2), prompts, rows)
     assert reversed_["direction"].max() < 0.01
     still = reward.score(clips[:, :, :1].expand(-1, -1, 8, -1, -1).contiguous(), prompts, rows)
@@ -124,10 +127,11 @@ def test_shapes_plugin_serves_clips_in_video_mode():
     item = ds[3]
     assert item["video"].shape == (3, 6, 16, 16)
     assert (
-        item["metadata"]["motion"] in shapes_video.DIRECTIONS and item["prompt"] == item["metadata"]["prompt"]
+        item["metadata"]["motion"] in moving_shapes.DIRECTIONS
+        and item["prompt"] == item["metadata"]["prompt"]
     )
-    row, seed = shapes_video.sample_item("train", cfg.train.seed, 3)
-    expected = torch.from_numpy(shapes_video.render_clip(row, 16, 6, seed)).permute(3, 0, 1, 2).float() / 255
+    row, seed = moving_shapes.sample_item("train", cfg.train.seed, 3)
+    expected = torch.from_numpy(moving_shapes.render_clip(row, 16, 6, seed)).permute(3, 0, 1, 2).float() / 255
     assert torch.equal(item["video"], expected)
     rl = shapes.get_dataset(video_config("grpo"))[3]
     assert set(rl) == {"prompt", "metadata"} and rl["prompt"] == item["prompt"]
@@ -137,7 +141,7 @@ def test_shapes_plugin_serves_clips_in_video_mode():
     for i in range(8):
         meta = val[i]["metadata"]
         seen.add((meta["include"][0]["color"], meta["include"][0]["class"], meta["motion"]))
-    assert seen <= set(shapes_video.combinations("test"))
+    assert seen <= set(moving_shapes.combinations("test"))
 
 
 def test_bad_clip_size_names_the_key():

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
+from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.clip_models import (
     Missing,
     ModelReward,
@@ -203,8 +204,6 @@ def video_fps(row: Mapping[str, Any], default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        from sanarl.rewards.base import RewardInputError
-
         raise RewardInputError(
             f"video_fps = {value!r} must be a positive number (frames per second of the clip)."
         )

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError
+from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.clip_models import parse_batch_size
 from sanarl.rewards.vlm import qwen, vision
 
@@ -149,8 +150,6 @@ class CosmosReason1(qwen.VideoVlmReward):
         frames = vision.to_uint8_frames(clip)
         indices, fps = sample_frames(frames.shape[0], qwen.video_fps(row, self.video_fps))
         if not indices:
-            from sanarl.rewards.base import RewardInputError
-
             raise RewardInputError(f"reward {self.name!r} needs clips of at least {TEMPORAL_PATCH} frames.")
         frames = frames[indices]
         return pil_resize(frames, *frame_size(frames.shape[2], frames.shape[3], len(indices))), fps

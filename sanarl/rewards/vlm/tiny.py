@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from sanarl.models.cache import cache_dir
 from sanarl.rewards.vlm.videoalign import DETAILED_SPECIAL_PROMPT
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
@@ -40,8 +41,6 @@ TINY_VLM_VERSION = 1
 
 
 def _cache_root() -> Path:
-    from sanarl.models.loading import cache_dir
-
     return cache_dir().expanduser() / f"tiny-vlm-v{TINY_VLM_VERSION}"
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sanarl.datasets import shapes_world as world
 from sanarl.errors import DataError
+from sanarl.worlds import shapes as world
 
 DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")
 """Motion words (the keys of shapes_video.DIRECTIONS, repeated here so this module imports no torch)."""

@@ -1,0 +1,37 @@
+"""Console output and error display shared by the `sanarl` commands (train, validate, presets, eval, bench).
+
+Below the commands in the import order (docs/architecture.md), so `sanarl.evaluation` and `sanarl.bench` print and
+report errors the same way as sanarl/cli.py without importing it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from sanarl.errors import UserError
+
+console = Console(stderr=True)
+"""Messages, progress and errors (stderr)."""
+out = Console()
+"""Results a user may pipe (stdout)."""
+
+
+def guarded(debug: bool, fn: Callable[..., Any], *args: Any) -> None:
+    """Run fn; bad input -> message + exit 2, other failures -> traceback + exit 1."""
+    try:
+        fn(*args)
+    except UserError as err:
+        if debug:
+            traceback.print_exc()
+        console.print(
+            f"[bold red]error:[/] {escape(str(err))}", highlight=False
+        )  # brackets are text, not markup
+        raise SystemExit(err.exit_code) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
+        raise SystemExit(130) from None
