@@ -409,26 +409,41 @@ class Runner:
             self.task.close()
 
     def _run(self) -> RunResult:
-        cfg, acc = self.cfg, self.acc
         self.task.run_dir = self.run_dir
         self.maybe_resume()
+        logger = self._open_logger()
+        try:  # the logger is closed on every exit, an error mid-run included
+            val = self.cfg.validation
+            if val.enable and val.val_before_train and self.start_step == 0:
+                self.validate(0, logger)
+                self._guard_after_validation(0, logger)
+            metrics, guard_stop = self._train_loop(logger)
+            export_dir = self._finish(logger, guard_stop)
+        finally:
+            logger.close()
+        self.acc.wait_for_everyone()
+        return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
+
+    def _open_logger(self) -> MetricsLogger:
+        cfg = self.cfg
         try:
-            logger = MetricsLogger(
+            return MetricsLogger(
                 self.run_dir,
                 cfg.logging.logger,
                 project=cfg.logging.project_name,
                 experiment=cfg.logging.experiment_name,
                 config=config_to_dict(cfg),
-                enabled=acc.is_main_process,
+                enabled=self.acc.is_main_process,
                 resume=self.start_step > 0,
                 resume_step=self.start_step,
             )
         except ImportError as err:
             raise UserError(str(err)) from None
-        val = cfg.validation
-        if val.enable and val.val_before_train and self.start_step == 0:
-            self.validate(0, logger)
-            self._guard_after_validation(0, logger)
+
+    def _train_loop(self, logger: MetricsLogger) -> tuple[dict[str, float], bool]:
+        """Steps start_step .. total_steps with their logging, checkpoints and validations; returns the last
+        step's metrics and whether the reward-hacking guard asked to stop."""
+        cfg, val = self.cfg, self.cfg.validation
         guard_stop = False
         metrics: dict[str, float] = {}
         columns = (
@@ -438,7 +453,7 @@ class Runner:
             TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"),
         )
-        with Progress(*columns, console=self.console, disable=not acc.is_main_process) as bar:
+        with Progress(*columns, console=self.console, disable=not self.acc.is_main_process) as bar:
             job = bar.add_task("train", total=self.total_steps, completed=self.start_step, info="")
             started = time.monotonic()
             for step in range(self.start_step, self.total_steps):
@@ -464,8 +479,13 @@ class Runner:
                         self.total_steps = done
                 if done >= self.total_steps:
                     break
+        return metrics, guard_stop
+
+    def _finish(self, logger: MetricsLogger, guard_stop: bool) -> Path | None:
+        """Final checkpoint and validation, the guard's rollback, the export and the metrics plot."""
+        acc = self.acc
         self.save(self.total_steps)
-        if val.enable and not guard_stop:
+        if self.cfg.validation.enable and not guard_stop:
             self.validate(self.total_steps, logger)
             guard_stop = self._guard_after_validation(self.total_steps, logger)
         rolled_back = self._roll_back_to_guard_best() if guard_stop else None
@@ -476,9 +496,7 @@ class Runner:
             plot_metrics(
                 logger.path, self.run_dir / "metrics.png", ["reward/mean", "loss", "policy_loss", "grad_norm"]
             )
-        logger.close()
-        acc.wait_for_everyone()
-        return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
+        return export_dir
 
 
 def _short(metrics: dict[str, float]) -> str:
