@@ -29,7 +29,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
-from service_helpers import PLUGIN, TOKEN, Service, body, free_port, http, images, require_redis
+from service_helpers import PLUGIN, TOKEN, Service, body, free_ports, http, images, require_redis
 
 from reward_service.broker import AsyncBroker, QueueFull
 from reward_service.config import LimitsConfig, WorkersConfig, loads_service_config
@@ -99,7 +99,7 @@ def svc(tmp_path_factory):
     """Instance `a` (embedded Redis, 2 workers) and instance `b` (API only) on one Redis; stopped at the end."""
     require_redis()
     tmp = tmp_path_factory.mktemp("reward-service")
-    redis_port, a_port, b_port = free_port(), free_port(), free_port()
+    redis_port, a_port, b_port = free_ports(3)
     a = Service(tmp, "a", config_text(a_port, 2, 60.0, redis_port, str(tmp / "redis-a")), a_port).start()
     b = Service(tmp, "b", config_text(b_port, 0, 1.5, redis_port), b_port)
     client = redis.Redis(port=redis_port, socket_timeout=10)
