@@ -66,7 +66,7 @@ def resolve_preset_path(config: str | Path) -> Path:
     name = path.name.removesuffix(PRESET_SUFFIX)
     shipped = presets_dir() / f"{name}{PRESET_SUFFIX}"
     bare = str(config).removesuffix(PRESET_SUFFIX) == name
-    in_presets = path.parent.parts[-1:] == ("presets",) and len(path.parent.parts) <= 2
+    in_presets = path.parent == Path("presets")  # `./presets/` normalises to the same
     if (bare or in_presets) and shipped.is_file():
         return shipped
     if shipped.is_file():
