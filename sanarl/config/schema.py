@@ -363,17 +363,18 @@ class GuardConfig:
     guard (rollback), exit code 0."""
 
     def check(self, validation: ValidationConfig) -> None:
-        """Raise ConfigError naming the key and the fix on an invalid guard."""
-        if not self.enable:
-            return
+        """Raise ConfigError naming the key and the fix on an invalid guard (a choice is checked even while the
+        guard is off, so a typo does not wait for the run that turns it on)."""
         where = "validation.guard"
-        if not validation.enable:
-            raise ConfigError(
-                f"`{where}.enable` = true needs `validation.enable = true` (the guard reads validations)."
-            )
         if self.action not in GUARD_ACTIONS:
             raise ConfigError(
                 f"`{where}.action` = {self.action!r} is not supported; set it to one of {GUARD_ACTIONS}."
+            )
+        if not self.enable:
+            return
+        if not validation.enable:
+            raise ConfigError(
+                f"`{where}.enable` = true needs `validation.enable = true` (the guard reads validations)."
             )
         if not self.metrics:
             raise ConfigError(
