@@ -37,6 +37,12 @@ def shapes(
         bool,
         typer.Option("--full", help="The full grid: every method x 3 seeds x 4 minutes (about an hour)."),
     ] = False,
+    curve_minutes: Annotated[
+        float | None,
+        typer.Option(
+            help="Evaluate a checkpoint every M training minutes too (0: final only) [default: 5; --full: 0]."
+        ),
+    ] = None,
     plan_only: Annotated[
         bool, typer.Option("--plan", help="Print the runs and their time, run nothing.")
     ] = False,
@@ -62,7 +68,7 @@ def shapes(
 
         if min(eval_, eval_steps, jobs) < 1:
             raise UserError("`--eval`, `--eval-steps` and `--jobs` must be >= 1.")
-        plan = resolve_plan(full, methods, seeds, budget_minutes)
+        plan = resolve_plan(full, methods, seeds, budget_minutes, curve_minutes)
         out.print(f"bench plan: {describe_plan(plan, jobs)}")
         if plan_only:
             return
@@ -71,9 +77,11 @@ def shapes(
         opts = BenchOptions(
             output=output, methods=list(plan.methods), seeds=plan.seeds, budget_minutes=plan.budget_minutes,
             eval_num=eval_, eval_steps=eval_steps, resume=resume, rebuild_base=rebuild_base, base_steps=base_steps,
-            extra_overrides=set_ or [], jobs=jobs,
+            extra_overrides=set_ or [], jobs=jobs, curve_minutes=plan.curve_minutes,
         )  # fmt: skip
         run_bench(opts, out)
-        out.print(f"[bold green]done[/]: {output}/results.md, results.json, accuracy_vs_time.png, grids/")
+        out.print(
+            f"[bold green]done[/]: {output}/results.md, results.json, accuracy_vs_time.png, curves.png, grids/"
+        )
 
     guarded(debug, go)

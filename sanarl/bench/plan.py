@@ -1,7 +1,7 @@
 """What `sanarl bench shapes` runs by default, and the old full grid behind `--full`.
 
 Default (`DEFAULT`): DiffusionNFT and Flow-GRPO-Fast, one seed each, 30 training minutes, the two side by side on
-2 cores (`--jobs 2`): about 35 minutes of wall time with the evaluations. Chosen from measurements, not from a
+2 cores (`--jobs 2`), a held-out curve point every 5 minutes: about 40 minutes of wall time with the evaluations. Chosen from measurements, not from a
 60-minute run of these defaults (docs/shapes.md, "The bench"; docs/results.md): NFT alone on an idle core gained +0.150 held-out
 strict (about 7 evaluation standard errors) in 15 minutes, while the full grid's 4-minute runs (+0.014) stayed within
 one standard error. `FULL`: the session-3 grid, every method x 3 seeds x 4 minutes (about an hour on 2 cores).
@@ -27,6 +27,8 @@ class BenchPlan:
     methods: tuple[str, ...]
     seeds: int
     budget_minutes: float
+    curve_minutes: float = 0.0
+    """Also evaluate a checkpoint every this many training minutes (0: the final models only)."""
 
     def runs(self) -> list[tuple[str, int]]:
         return [(m, s) for m in self.methods for s in range(self.seeds)]
@@ -36,12 +38,16 @@ class BenchPlan:
         return math.ceil(len(self.runs()) / jobs) * self.budget_minutes
 
 
-DEFAULT = BenchPlan(("nft", "grpo"), seeds=1, budget_minutes=30.0)
+DEFAULT = BenchPlan(("nft", "grpo"), seeds=1, budget_minutes=30.0, curve_minutes=5.0)
 FULL = BenchPlan(("nft", "nft-solrl", "grpo", "soar", "sft-more"), seeds=3, budget_minutes=4.0)
 
 
 def resolve_plan(
-    full: bool, methods: str | None, seeds: int | None, budget_minutes: float | None
+    full: bool,
+    methods: str | None,
+    seeds: int | None,
+    budget_minutes: float | None,
+    curve_minutes: float | None = None,
 ) -> BenchPlan:
     """`DEFAULT` (or `FULL` with `--full`), with each explicitly given option replacing its value.
 
@@ -54,10 +60,12 @@ def resolve_plan(
         tuple(parse_methods(methods)) if methods is not None else base.methods,
         base.seeds if seeds is None else seeds,
         base.budget_minutes if budget_minutes is None else budget_minutes,
+        base.curve_minutes if curve_minutes is None else curve_minutes,
     )
-    if plan.seeds < 1 or not plan.budget_minutes > 0:
+    if plan.seeds < 1 or not plan.budget_minutes > 0 or plan.curve_minutes < 0:
         raise UserError(
-            f"`--seeds` must be >= 1 and `--budget-minutes` > 0 (got {plan.seeds}, {plan.budget_minutes:g})."
+            f"`--seeds` must be >= 1, `--budget-minutes` > 0 and `--curve-minutes` >= 0 (got {plan.seeds}, "
+            f"{plan.budget_minutes:g}, {plan.curve_minutes:g})."
         )
     return plan
 
@@ -69,4 +77,9 @@ def describe_plan(plan: BenchPlan, jobs: int) -> str:
         f"{', '.join(plan.methods)} x {plan.seeds} seed(s) = {runs} run(s) of {plan.budget_minutes:g} training "
         f"minutes, {min(jobs, runs)} at a time: {plan.training_wall_minutes(jobs):g} minutes of training wall time "
         "plus the evaluations"
+        + (
+            f" (a held-out curve point every {plan.curve_minutes:g} minutes)"
+            if plan.curve_minutes > 0
+            else ""
+        )
     )

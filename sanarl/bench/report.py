@@ -1,4 +1,5 @@
-"""The bench's outputs: results.json, results.md (markdown table), accuracy_vs_time.png and grids/<method>.png.
+"""The bench's outputs: results.json, results.md (markdown tables), accuracy_vs_time.png, curves.png (curves.py) and
+grids/<method>.png.
 
 Held-out accuracy of one run = the mean over its eval samples of the `shapes` judge's strict (partial) score; the
 shapes test items are tag-balanced by construction, so this matches GenEval's mean over tags up to sampling noise
@@ -15,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sanarl.bench.curves import curves_markdown, plot_curves
 from sanarl.bench.methods import RATIOS
 from sanarl.bench.plan import EVAL_SEED
 from sanarl.core.images import save_grid
@@ -192,11 +194,15 @@ def write_report(opts, records: list[dict[str, Any]], rows, console: Console) ->
               f"{opts.eval_num} held-out samples (seed {EVAL_SEED}), CFG-free Euler "
               f"{opts.eval_steps} steps.")  # fmt: skip
     text = markdown(table, ratio_rows, header)
+    curve_table = curves_markdown(records)
+    if curve_table:
+        text += "\n## Held-out curves (strict per category)\n\n" + curve_table
     (out / "results.md").write_text(text)
     results = {"methods": table, "ratios": ratio_rows, "runs": records,
                "options": {k: str(v) for k, v in vars(opts).items()}}  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     plot_accuracy_vs_time(out / "accuracy_vs_time.png", out, records)
+    plot_curves(out / "curves.png", records)
     write_grids(out, records, rows.prompts)
     console.print(text)
     return results

@@ -3,7 +3,8 @@
 For each method (a preset, methods.py) and seed: `api.train` with `train.max_wall_minutes = budget`,
 `train.seed = k`, `train.output_dir = <out>/<method>/seed<k>` (plus `train.max_num_steps` lifted so the budget binds,
 validation off), then the newest checkpoint (EMA weights when held) is evaluated on the shapes held-out split: the
-same `eval_num` prompts and seeds for every model, CFG-free Euler at `eval_steps` steps. `<out>/<method>/seed<k>/
+same `eval_num` prompts and seeds for every model, CFG-free Euler at `eval_steps` steps. With `curve_minutes` the
+run also keeps a checkpoint every that many minutes and each is evaluated the same way (curves.py). `<out>/<method>/seed<k>/
 done.json` marks a finished run (`--resume` skips it). report.py turns the records into the table, plot and grids.
 """
 
@@ -20,6 +21,7 @@ from rich.console import Console
 
 from sanarl import api
 from sanarl.bench.base_model import export_base, train_base
+from sanarl.bench.curves import curve_overrides, evaluate_intermediate
 from sanarl.bench.methods import METHODS, rollout_cost
 from sanarl.bench.plan import EVAL_SEED
 from sanarl.bench.report import write_report
@@ -53,6 +55,8 @@ class BenchOptions:
     extra_overrides: list[str] = field(default_factory=list)
     jobs: int = 1
     """Method runs at a time, each in its own process with cpu_count // jobs torch threads (1: in this process)."""
+    curve_minutes: float = 0.0
+    """Evaluate a checkpoint every this many training minutes too (0: the final model only)."""
 
 
 def eval_spec(adapter, size: int = 32, steps: int = 20) -> GenerationSpec:
@@ -120,7 +124,7 @@ def train_overrides(opts: BenchOptions, run_dir: Path, seed: int, base_model: st
     ]
     if base_model != BASE_MODEL:
         sets.append(f"policy.model_name_or_path={base_model}")
-    return sets + list(opts.extra_overrides)
+    return sets + curve_overrides(opts.curve_minutes) + list(opts.extra_overrides)
 
 
 def run_method(
@@ -153,6 +157,10 @@ def run_method(
     record = {"method": method, "seed": seed, "preset": METHODS[method], "steps": steps,
               "train_minutes": train_s / 60, "wall_minutes": wall / 60, "rollout_images": images,
               "reward_calls": calls, "checkpoint": str(source.checkpoint), **evaluate(source, rows, opts)}  # fmt: skip
+    if opts.curve_minutes > 0:
+        record["curve"] = evaluate_intermediate(
+            run_dir, steps, lambda ckpt: evaluate(resolve_checkpoint(str(ckpt)), rows, opts)["summary"]
+        )
     record = _save_preview(record, run_dir)
     done.write_text(json.dumps(record, indent=2))
     return record

@@ -914,6 +914,8 @@ def _check_run(cfg: Config) -> None:
     )
     _at_least(t.ckpt.save_freq, "train.ckpt.save_freq", 1)
     _at_least(t.ckpt.max_keep, "train.ckpt.max_keep", 0)
+    if t.ckpt.save_every_minutes is not None:
+        _at_least(t.ckpt.save_every_minutes, "train.ckpt.save_every_minutes", 0.0, strict=True)
     v = cfg.validation
     _at_least(v.freq, "validation.freq", 1)
     _at_least(v.batch_size, "validation.batch_size", 1)

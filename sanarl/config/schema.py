@@ -283,6 +283,8 @@ class CkptConfig:
     """Save every N optimizer steps (and at the end)."""
     max_keep: int = 3
     """Keep the N newest checkpoints (0 = keep all)."""
+    save_every_minutes: float | None = None
+    """Also save once this many wall minutes of the loop passed since the last save (curves over time)."""
     export_safetensors: bool = True
     """Export the final model (LoRA file or pipeline dir) at the end of the run."""
 

@@ -261,10 +261,13 @@ class Runner:
 
     def _out_of_time(self, started: float) -> bool:
         """Has `train.max_wall_minutes` passed since `started`? Rank 0's clock decides for every rank."""
-        budget = self.cfg.train.max_wall_minutes
-        if budget is None:
+        return self._minutes_passed(started, self.cfg.train.max_wall_minutes)
+
+    def _minutes_passed(self, since: float, minutes: float | None) -> bool:
+        """Have `minutes` (None: never) passed on rank 0's monotonic clock since `since`? Same answer on all ranks."""
+        if minutes is None:
             return False
-        over = torch.tensor([float(time.monotonic() - started >= 60.0 * budget)], device=self.acc.device)
+        over = torch.tensor([float(time.monotonic() - since >= 60.0 * minutes)], device=self.acc.device)
         if self.acc.num_processes > 1:
             torch.distributed.broadcast(over, src=0)
         return bool(over.item() > 0)
@@ -455,7 +458,7 @@ class Runner:
         )
         with Progress(*columns, console=self.console, disable=not self.acc.is_main_process) as bar:
             job = bar.add_task("train", total=self.total_steps, completed=self.start_step, info="")
-            started = time.monotonic()
+            started = last_save = time.monotonic()
             for step in range(self.start_step, self.total_steps):
                 metrics = self.train_step(step)
                 done = step + 1
@@ -470,8 +473,10 @@ class Runner:
                     )
                 if done % cfg.logging.log_freq == 0 or done == self.total_steps:
                     bar.update(job, completed=done, total=self.total_steps, info=_short(metrics))
-                if done % cfg.train.ckpt.save_freq == 0 and done < self.total_steps:
+                timed_save = self._minutes_passed(last_save, cfg.train.ckpt.save_every_minutes)
+                if (done % cfg.train.ckpt.save_freq == 0 or timed_save) and done < self.total_steps:
                     self.save(done)
+                    last_save = time.monotonic()
                 if val.enable and done % val.freq == 0 and done < self.total_steps:
                     self.validate(done, logger)
                     guard_stop = self._guard_after_validation(done, logger)
