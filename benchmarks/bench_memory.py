@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml"
 IMPORTS_ONLY = (
-    "import sanarl.cli, sanarl.api, sanarl.tasks.runner, torch, diffusers, transformers, accelerate"
+    "import sanarl.cli, sanarl.api, sanarl.training.runner, torch, diffusers, transformers, accelerate"
 )
 
 

@@ -27,7 +27,7 @@ from sanarl import api
 from sanarl.config import load_config
 from sanarl.rewards.base import Reward
 from sanarl.rewards.registry import register
-from sanarl.tasks.rollout import group_seeds
+from sanarl.training.rollout import group_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-nft.toml"

@@ -19,7 +19,7 @@ from sanarl.config import load_config
 from sanarl.evaluation import build_rewards, describe, generate_and_score, load_source, resolve_checkpoint
 from sanarl.evaluation.prompts import shapes_prompts
 from sanarl.models import load_adapter
-from sanarl.tasks.sampling import GenerationSpec
+from sanarl.training.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

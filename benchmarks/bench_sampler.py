@@ -66,7 +66,7 @@ def stub_transformer(adapter) -> None:
 
 def make_case(model: str, batch: int, steps: int, guidance: float, device: str, stub: bool = False) -> Case:
     """Build both samplers over one loaded tiny model; each returns final latents [B, C, h, w] (float32)."""
-    from sanarl.tasks.sampling import GenerationSpec, generate_latents
+    from sanarl.training.sampling import GenerationSpec, generate_latents
 
     adapter = _common.load_tiny(model, device)
     if stub:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sanarl.config import LoadedConfig, check_plugin, dump_toml, resolve_plugin
+from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
-from sanarl.tasks import task_class
-from sanarl.tasks.base import Task
-from sanarl.tasks.distributed import enable_fsdp_on_cpu
-from sanarl.tasks.runner import MIXED_PRECISION, Runner, RunResult, check_writable, prepare_run_dir
+from sanarl.training.distributed import enable_fsdp_on_cpu
+from sanarl.training.protocol import Task
+from sanarl.training.runner import Runner, RunResult
+from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
 
 
 @dataclass

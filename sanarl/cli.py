@@ -134,9 +134,9 @@ def validate(
 def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None) -> None:
     from sanarl.config import check_plugin, load_config, resolve_plugin
     from sanarl.config.cosmos_rl import planned_world_size, report
+    from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.rewards.preflight import check_reward_prompts
-    from sanarl.tasks import task_class
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sanarl.core.checkpoint import list_checkpoints
-from sanarl.core.tracking import read_metrics
+from sanarl.training.checkpoint import list_checkpoints
+from sanarl.training.tracking import read_metrics
 
 CURVE_KEYS: tuple[tuple[str, str], ...] = (
     ("shapes/strict", "held-out strict"),

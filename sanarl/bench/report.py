@@ -20,8 +20,8 @@ from sanarl.bench.curves import curves_markdown, plot_curves
 from sanarl.bench.methods import RATIOS
 from sanarl.bench.plan import EVAL_SEED
 from sanarl.core.images import save_grid
-from sanarl.core.tracking import read_metrics
 from sanarl.rewards.summary import describe
+from sanarl.training.tracking import read_metrics
 
 STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", "entropy")
 

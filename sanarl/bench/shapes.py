@@ -27,12 +27,12 @@ from sanarl.bench.plan import EVAL_SEED
 from sanarl.bench.report import write_report
 from sanarl.config import load_config
 from sanarl.config.presets import resolve_preset_path
-from sanarl.core.tracking import read_metrics
 from sanarl.evaluation.prompts import PromptSet, shapes_prompts
 from sanarl.evaluation.run import EvalSettings, evaluate_source
 from sanarl.evaluation.sources import ModelSource, load_source, resolve_checkpoint, resolve_model
 from sanarl.rewards.scoring import build_rewards
-from sanarl.tasks.sampling import GenerationSpec
+from sanarl.training.sampling import GenerationSpec
+from sanarl.training.tracking import read_metrics
 
 PLUGIN = "sanarl.datasets.shapes"
 BASE_MODEL = "sanarl-tiny:shapes-base"

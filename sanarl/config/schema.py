@@ -146,7 +146,7 @@ class RolloutConfig:
     preview_precision: str = "fp8"
     """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine) | fp8 (sm_89+ GPUs: transformer-engine,
     else torch-native FP8) | int8 (CPU: dynamic int8 linear layers) | auto (the best of those the machine has) | bf16
-    (no quantization: the preview is cheaper by its step count only). Backends: sanarl/tasks/quantize.py."""
+    (no quantization: the preview is cheaper by its step count only). Backends: sanarl/training/quantize.py."""
     nvfp4_min_dim: int = 2240
     """Linear layers whose largest dimension is <= this stay unquantized."""
     compile_mode: str = "max-autotune-no-cudagraphs"
@@ -325,7 +325,7 @@ class TrainConfig:
     ckpt: CkptConfig = field(default_factory=CkptConfig)
 
 
-# --- reward-hacking alarm: [validation.guard] (sanarl/tasks/guard.py; docs/shapes.md, "Reward-hacking alarm") ---
+# --- reward-hacking alarm: [validation.guard] (sanarl/training/guard.py; docs/shapes.md, "Reward-hacking alarm") ---
 
 GUARD_WORSE = ("higher", "lower")
 """`worse` of a guard metric: the direction in which it worsens."""
@@ -351,7 +351,7 @@ class GuardMetricConfig:
 @dataclass
 class GuardConfig:
     """`[validation.guard]`: the reward-hacking alarm (fires when a guard metric worsens by more than its margin
-    while the trained reward rises; see sanarl/tasks/guard.py)."""
+    while the trained reward rises; see sanarl/training/guard.py)."""
 
     enable: bool = False
     metrics: list[GuardMetricConfig] = field(default_factory=list)

@@ -30,7 +30,7 @@ from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.preflight import check_items
 from sanarl.rewards.scoring import build_rewards
 from sanarl.rewards.summary import compare, summarize
-from sanarl.tasks.sampling import GenerationSpec
+from sanarl.training.sampling import GenerationSpec
 
 GRID_PROMPTS = 16
 """Prompts shown in grid.png (each with one tile per model)."""

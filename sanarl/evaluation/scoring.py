@@ -15,7 +15,7 @@ from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.base import Reward
 from sanarl.rewards.scoring import build_rewards, score_images
 from sanarl.rewards.summary import describe
-from sanarl.tasks.sampling import GenerationSpec, generate_images
+from sanarl.training.sampling import GenerationSpec, generate_images
 from sanarl.worlds import shapes as world
 
 STATS_PREFIX = "stats/"

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from sanarl.config import Config, apply_overrides, load_config
-from sanarl.core.checkpoint import list_checkpoints
 from sanarl.errors import DataError
 from sanarl.models.base import DiffusionAdapter
 from sanarl.models.loading import TINY_PREFIX
+from sanarl.training.checkpoint import list_checkpoints
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 TINY_DEFAULTS: tuple[str, ...] = (

@@ -1,4 +1,4 @@
-"""Apply a training checkpoint (`<run>/checkpoints/step_N/`, core/checkpoint.py layout) to a freshly loaded adapter.
+"""Apply a training checkpoint (`<run>/checkpoints/step_N/`, training/checkpoint.py layout) to a freshly loaded adapter.
 
 The checkpoint's `model.safetensors` holds what `Task.state_tensors` saved (every LoRA adapter, or the whole
 transformer) and `ema.safetensors`, when the run had EMA, the shadow of every trainable parameter by name. The
@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from sanarl.config.schema import Config
 from sanarl.core.lora import activate_adapter, add_lora_adapters
 from sanarl.errors import DataError
+from sanarl.methods.registry import task_class
 from sanarl.models.base import DiffusionAdapter
-from sanarl.tasks import task_class
 
 
 def lora_names(cfg: Config) -> list[str]:

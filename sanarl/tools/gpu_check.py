@@ -119,7 +119,7 @@ def run_check(check: Check, cuda: bool, workdir: Path) -> dict[str, float]:
     from sanarl import api
     from sanarl.config import load_config
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.core.tracking import read_metrics
+    from sanarl.training.tracking import read_metrics
 
     out = workdir / check.name
     overrides = [f"train.output_dir={out}", *QUIET, *(check.gpu if cuda else check.cpu)]

@@ -41,7 +41,7 @@ def sft(out: Path, steps: int, *extra: str):
 
 def nft(out: Path, advantages: list):
     """One DiffusionNFT step with 2 prompt groups of 4 per global batch; records this rank's advantages."""
-    from sanarl.tasks.nft import NFTTask
+    from sanarl.methods.nft.task import NFTTask
 
     original = NFTTask._advantages
 
@@ -73,7 +73,7 @@ def fsdp_helpers(out: Path, rank: int) -> dict:
     from torch.distributed.tensor import DTensor
 
     from sanarl.models import load_adapter
-    from sanarl.tasks.distributed import full_parameters, full_tensors, load_full_state, shard_like
+    from sanarl.training.distributed import full_parameters, full_tensors, load_full_state, shard_like
 
     cfg = load_config(ROOT / "sanarl" / "presets" / "tiny-shapes-sft.toml", []).config
     module = load_adapter(cfg.policy, "cpu").transformer

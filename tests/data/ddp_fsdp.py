@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_checks import nft, sft, weights  # noqa: E402
 
-from sanarl.tasks.distributed import full_parameters  # noqa: E402
+from sanarl.training.distributed import full_parameters  # noqa: E402
 
 
 def gathered(outcome) -> dict:

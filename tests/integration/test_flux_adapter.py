@@ -22,11 +22,11 @@ import torch
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
-from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError
 from sanarl.models import load_adapter
 from sanarl.models.loading import resolve_weights
-from sanarl.tasks.sampling import GenerationSpec, generate_latents
+from sanarl.training.sampling import GenerationSpec, generate_latents
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def _one_thread():
 @pytest.fixture(autouse=True)
 def _no_metrics_plot(monkeypatch):
     """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
-    import sanarl.tasks.runner as runner
+    import sanarl.training.runner as runner
 
     monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
 

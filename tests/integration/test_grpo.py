@@ -15,9 +15,9 @@ from sanarl import api
 from sanarl.config import load_config
 from sanarl.core.lora import adapter_parameters
 from sanarl.core.samplers import initial_noise, sample_loop
-from sanarl.core.tracking import read_metrics
-from sanarl.tasks.data import step_generator
-from sanarl.tasks.grpo import FlowGRPOTask
+from sanarl.methods.flow_grpo.task import FlowGRPOTask
+from sanarl.training.data import step_generator
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +28,8 @@ SHAPES = "sanarl.datasets.shapes"
 
 @pytest.fixture(autouse=True)
 def registered(monkeypatch):
-    """trainer_type = "flow_grpo" -> FlowGRPOTask, also before sanarl.tasks.task_class lists it."""
-    import sanarl.tasks as tasks
+    """trainer_type = "flow_grpo" -> FlowGRPOTask, also before the method registry lists it."""
+    import sanarl.methods.registry as tasks
 
     original = tasks.task_class
 
@@ -53,7 +53,11 @@ def built(out: Path, *extra: str, preset: Path = PRESET) -> FlowGRPOTask:
 
 
 def self_check_warnings(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "sanarl.tasks.grpo" and "self-check" in r.getMessage()]
+    return [
+        r
+        for r in caplog.records
+        if r.name == "sanarl.methods.flow_grpo.task" and "self-check" in r.getMessage()
+    ]
 
 
 def test_tiny_run_trains_the_default_adapter_on_policy(tmp_path, caplog):

@@ -12,8 +12,8 @@ import torch
 
 from sanarl import api
 from sanarl.config import load_config
-from sanarl.tasks.data import step_generator
-from sanarl.tasks.grpo import FlowGRPOTask
+from sanarl.methods.flow_grpo.task import FlowGRPOTask
+from sanarl.training.data import step_generator
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ SHAPES = "sanarl.datasets.shapes"
 
 @pytest.fixture(autouse=True)
 def registered(monkeypatch):
-    import sanarl.tasks as tasks
+    import sanarl.methods.registry as tasks
 
     original = tasks.task_class
     monkeypatch.setattr(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sanarl.core.tracking import read_metrics
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,10 @@ import torch
 
 from sanarl import api
 from sanarl.config import load_config
-from sanarl.core.ema import old_weight_decay
 from sanarl.core.lora import adapter_parameters
-from sanarl.core.tracking import read_metrics
-from sanarl.tasks.rollout import group_seeds
+from sanarl.training.ema import old_weight_decay
+from sanarl.training.rollout import group_seeds
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def loaded(out: Path, *extra: str):
 
 
 def test_nft_steps_train_the_default_adapter_and_decay_the_old_one(tmp_path, monkeypatch):
-    from sanarl.tasks import nft
+    from sanarl.methods.nft import task as nft
 
     snapshots = []
     original = nft.NFTTask.after_optimizer_step
@@ -59,7 +59,7 @@ def test_nft_steps_train_the_default_adapter_and_decay_the_old_one(tmp_path, mon
 
 
 def test_two_optimizer_steps_per_rollout_move_the_old_adapter_once_per_rollout(tmp_path, monkeypatch):
-    from sanarl.tasks import nft
+    from sanarl.methods.nft import task as nft
 
     rollouts, moves = [], []
     original_rollout, original_after = nft.NFTTask._rollout_batches, nft.NFTTask.after_optimizer_step

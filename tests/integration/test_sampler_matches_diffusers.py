@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.tasks.sampling import GenerationSpec, generate_latents
+from sanarl.training.sampling import GenerationSpec, generate_latents
 
 pytestmark = pytest.mark.slow
 

@@ -21,11 +21,11 @@ import torch
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
-from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError
 from sanarl.models import load_adapter
 from sanarl.models.loading import resolve_weights
-from sanarl.tasks.sampling import GenerationSpec, generate_latents
+from sanarl.training.sampling import GenerationSpec, generate_latents
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def _one_thread():
 @pytest.fixture(autouse=True)
 def _no_metrics_plot(monkeypatch):
     """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
-    import sanarl.tasks.runner as runner
+    import sanarl.training.runner as runner
 
     monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
 
@@ -347,7 +347,7 @@ def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
 def test_training_latents_sample_the_posterior_with_the_given_noise(sd3, tiny):
     """As the references: z = (mean + std eps - shift) * scale, eps from the caller's seeded generator;
     `vae_latents = "mode"` (or no noise) gives the mean."""
-    from sanarl.tasks.sft import draw_vae_noise, encode_media
+    from sanarl.methods.sft.task import draw_vae_noise, encode_media
 
     images = torch.rand(2, 3, 32, 32)
     dist = sd3.vae.encode(2 * images - 1).latent_dist

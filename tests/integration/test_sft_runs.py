@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from sanarl import api
 from sanarl.config import load_config, loads_config
-from sanarl.core.tracking import read_metrics
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ from torch import nn
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import Config
-from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError, DataError
+from sanarl.methods.soar.task import SOARTask, aux_count, aux_points, draw_randomness, loss_scale, soar_levels
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.tasks.data import split_batch
-from sanarl.tasks.soar import SOARTask, aux_count, aux_points, draw_randomness, loss_scale, soar_levels
+from sanarl.training.data import split_batch
+from sanarl.training.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "tests" / "data" / "presets" / "soar-tiny.toml"
@@ -161,7 +161,7 @@ def test_level_grid_changes_only_the_levels() -> None:
 def test_aux_rows_velocity_level_follows_the_grid(grid, monkeypatch) -> None:
     """HY-SOAR evaluates the auxiliary rows at `aux_model_level` of s' on the table (targets and weights keep s');
     the continuous grid evaluates them at s'. The main rows see s0 either way."""
-    from sanarl.tasks.soar import aux_model_level, scheduler_table
+    from sanarl.methods.soar.task import aux_model_level, scheduler_table
 
     cfg = _cfg(
         batch=4, mini=4, num_rollout_paths=2, trajectory_length=3, num_sampling_steps=5, level_grid=grid
@@ -348,7 +348,7 @@ def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None
     torch.testing.assert_close(g_ranks, g_whole, rtol=1e-5, atol=1e-7)
 
     # a rank's own micro_batches uses the global counts returned by the all-reduce
-    import sanarl.tasks.soar as soar_module
+    import sanarl.methods.soar.task as soar_module
 
     monkeypatch.setattr(soar_module, "global_sum", lambda values, device: [8.0, 30.0, 3.0])
     rank1 = SOARTask(_cfg(8, 2, **soar), FakeAdapter(TinyNet()), _plugin(), rank=1, world=2)
@@ -406,7 +406,7 @@ def test_bucket_not_divisible_by_the_vae_factor_names_the_row(tmp_path) -> None:
 @pytest.fixture
 def soar_registered(monkeypatch):
     """Use the registry once SOAR is registered under ("sft", "soar"); until then route task_class to SOARTask."""
-    import sanarl.tasks as tasks
+    import sanarl.methods.registry as tasks
 
     try:
         assert tasks.task_class(load_config(PRESET).config) is SOARTask

@@ -14,7 +14,7 @@ import torch
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.tasks.sampling import GenerationSpec, generate_images, generate_latents
+from sanarl.training.sampling import GenerationSpec, generate_images, generate_latents
 
 pytestmark = pytest.mark.slow
 

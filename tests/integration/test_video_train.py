@@ -15,7 +15,7 @@ import torch
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.core import media
-from sanarl.core.tracking import read_metrics
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("av")

@@ -10,7 +10,7 @@ import pytest
 
 from sanarl import api
 from sanarl.config import load_config
-from sanarl.core.tracking import read_metrics
+from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torchvision")

@@ -181,7 +181,7 @@ def test_tiny_video_nft_trains_on_dance_grpo_through_the_service(service, tmp_pa
 
     from sanarl import api
     from sanarl.config import load_config
-    from sanarl.core.tracking import read_metrics
+    from sanarl.training.tracking import read_metrics
 
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "tests" / "integration"))

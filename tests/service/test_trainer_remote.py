@@ -20,7 +20,6 @@ from service_helpers import PLUGIN, TOKEN, Service, body, free_port, images, req
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
-from sanarl.core.tracking import read_metrics
 from sanarl.errors import ConfigError
 from sanarl.rewards import RewardFunction
 from sanarl.rewards.clipscore import ClipScore
@@ -28,6 +27,7 @@ from sanarl.rewards.combine import RewardResult
 from sanarl.rewards.jpeg import JpegIncompressibility
 from sanarl.rewards.remote import RemoteRewardFunction
 from sanarl.rewards.video import score_video
+from sanarl.training.tracking import read_metrics
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from sanarl.core.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
-from sanarl.core.tracking import MetricsLogger, plot_metrics, read_metrics
+from sanarl.training.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
+from sanarl.training.tracking import MetricsLogger, plot_metrics, read_metrics
 
 
 def save(root, step, value=1.0, max_keep=0):

@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import save_file
 
 from sanarl.config import dump_toml, load_config
-from sanarl.core.checkpoint import save_checkpoint
 from sanarl.core.lora import lora_parameters
 from sanarl.errors import ConfigError, DataError
 from sanarl.evaluation.prompts import load_prompts, take
@@ -17,6 +16,7 @@ from sanarl.evaluation.scoring import evaluate_rewards
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
 from sanarl.evaluation.weights import _add_lora
 from sanarl.rewards.scoring import build_rewards, score_images
+from sanarl.training.checkpoint import save_checkpoint
 
 PRESETS = Path(__file__).resolve().parents[2] / "sanarl" / "presets"
 
@@ -143,7 +143,7 @@ def test_reward_names_and_metadata_errors():
 
 def test_evaluate_rewards_equals_scoring_the_generated_images():
     from sanarl.evaluation.run import EvalSettings, generation_spec
-    from sanarl.tasks.sampling import generate_images
+    from sanarl.training.sampling import generate_images
 
     source = resolve_model("sanarl-tiny:shapes")
     adapter = load_source(source)

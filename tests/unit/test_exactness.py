@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from sanarl.config import load_config as _load
-from sanarl.tasks.sampling import GenerationSpec
+from sanarl.training.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "sanarl" / "presets"
@@ -58,7 +58,7 @@ def test_sd35_style_flow_grpo_presets_take_two_optimizer_steps_per_rollout(prese
 
 
 def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
-    from sanarl.tasks.grpo import trained_positions
+    from sanarl.methods.flow_grpo.trajectory import trained_positions
 
     every = list(range(10))
     assert trained_positions(every, 10, 0.5, windowed=False) == [0, 1, 2, 3, 4]  # steps 0 .. int(N frac) - 1
@@ -90,7 +90,7 @@ def test_nft_sample_weights_do_not_depend_on_the_chunking():
     """After NaN drops the last micro-batch is shorter: each row still weighs 1 / rows in the step's loss."""
     import torch
 
-    from sanarl.tasks.nft import NFTTask
+    from sanarl.methods.nft.task import NFTTask
 
     task = object.__new__(NFTTask)
     task.world = 1
@@ -110,7 +110,7 @@ def test_preview_kept_mean_is_over_kept_drafts_and_skips_nan():
     import torch
 
     from sanarl.rewards.combine import RewardResult
-    from sanarl.tasks.rollout import PromptGroup, kept_mean
+    from sanarl.training.rollout import PromptGroup, kept_mean
 
     def group(values):
         total = torch.tensor(values)
@@ -135,7 +135,7 @@ def test_nft_rejects_an_advantage_low_it_cannot_honour():
 def test_the_ema_warm_up_starts_at_the_references_first_decay(tmp_path, monkeypatch):
     """DiffusionNFT / flow_grpo pass their global step after counting the update: first decay 2/11, not 1/10."""
     from sanarl import api
-    from sanarl.core.ema import EMA
+    from sanarl.training.ema import EMA
 
     seen = []
     original = EMA.update
@@ -158,7 +158,7 @@ def test_several_updates_per_rollout_take_whole_sample_chunks():
     """flow_grpo / DiffusionNFT: an update covers whole sample batches with all their trained steps."""
     import torch
 
-    from sanarl.tasks.nft import split_updates
+    from sanarl.methods.group_rl import split_updates
 
     batches = [{"chunk": c, "level": j} for c in range(5) for j in range(3)]  # 5 chunks x 3 trained levels
     parts = split_updates(batches, 2, torch.Generator().manual_seed(0))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sanarl.errors import ConfigError
-from sanarl.tasks.distributed import enable_fsdp_on_cpu, fsdp_requested
+from sanarl.training.distributed import enable_fsdp_on_cpu, fsdp_requested
 
 
 def fake_accelerator(processes: int = 2, device: str = "cpu"):

@@ -1,4 +1,4 @@
-"""The reward-hacking alarm (sanarl/tasks/guard.py, `[validation.guard]`): hand-derived guard series that trigger
+"""The reward-hacking alarm (sanarl/training/guard.py, `[validation.guard]`): hand-derived guard series that trigger
 and do not trigger, the guard's bookkeeping of best checkpoints and grids, and its config checks."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from PIL import Image
 from sanarl.config import loads_config
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.errors import ConfigError
-from sanarl.tasks.guard import Alarm, Guard, best_index, find_alarm, image_guard_stats, trained_at
+from sanarl.training.guard import Alarm, Guard, best_index, find_alarm, image_guard_stats, trained_at
 
 EXTRA = GuardMetricConfig("heldout/shapes/extra", "higher", 0.5)
 BRIGHT = GuardMetricConfig("heldout/image/brightness", "lower", 0.1)
@@ -172,7 +172,7 @@ def test_guard_config_is_typed_and_strict():
 
 def test_a_reward_key_the_reward_does_not_return_is_named_before_training():
     from sanarl.rewards.shapes import ShapesReward
-    from sanarl.tasks.guard import check_reward_keys
+    from sanarl.training.guard import check_reward_keys
 
     rewards = {"shapes": ShapesReward()}
     check_reward_keys(GuardConfig(enable=True, metrics=[EXTRA, BRIGHT]), rewards)  # both exist

@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 
-from sanarl.core.ema import old_weight_decay
 from sanarl.core.grpo_loss import gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.nft_loss import nft_loss
 from sanarl.core.samplers import cps_step, flow_sde_step
 from sanarl.core.soar_math import soar_normaliser
+from sanarl.training.ema import old_weight_decay
 
 B, SHAPE = 3, (3, 2, 2, 2)
 
@@ -170,7 +170,7 @@ def test_nft_decay_counter_is_in_optimizer_steps():
 def test_soar_aux_points_boundary_targets_and_normaliser_match_the_reference():
     """HY-SOAR's construction for 2 paths x 2 points, one sample at the t1 = 0 boundary, re-derived element-wise."""
     from sanarl.core.flow import shift_sigmas
-    from sanarl.tasks.soar import aux_points, soar_levels
+    from sanarl.methods.soar.task import aux_points, soar_levels
 
     u = torch.tensor([0.6, 0.1, 0.9])  # with 4 sampling steps the second sample sits at t1 = 0
     s0, s1, active = soar_levels(u, 4, 3.0)

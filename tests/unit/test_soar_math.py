@@ -161,7 +161,7 @@ def test_scheduler_table_levels_match_hy_soar_lookup_by_hand(shift: float) -> No
     """s0 at u, s1 at t1 = max(u - 1/N, 0), active = t1 > 0, N = 40. The u are off the 1/1000 bin edges so float32
     and the float64 hand derivation truncate alike; 0.0101 and 0.0203 sit at the boundary t1 = 0 (s1 = sigmas[999]
     = shift(0.001), not 0), 0.9996 reads sigmas[0] = 1."""
-    from sanarl.tasks.soar import soar_levels
+    from sanarl.methods.soar.task import soar_levels
 
     u = [0.3337, 0.0101, 0.0203, 0.9996, 0.71234, 0.0613]
     s0, s1, active = soar_levels(torch.tensor(u), 40, shift, "scheduler_table")
@@ -209,7 +209,7 @@ def test_aux_model_level_matches_hy_soar_round_trip_by_hand() -> None:
     as i - 1: re-done here step by step with numpy float32)."""
     import numpy as np
 
-    from sanarl.tasks.soar import aux_model_level, scheduler_table
+    from sanarl.methods.soar.task import aux_model_level, scheduler_table
 
     shift = 3.0
     x = np.arange(1000, 0, -1, dtype=np.float32) / np.float32(1000)

@@ -1,4 +1,4 @@
-"""Numerical checks of sanarl.core.timesteps and sanarl.core.ema (docs/algorithms.md, "SFT",
+"""Numerical checks of sanarl.core.timesteps and sanarl.training.ema (docs/algorithms.md, "SFT",
 "DiffusionNFT" and "Numerical checks")."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from sanarl.core.ema import EMA, decay_old_weights, old_weight_decay
 from sanarl.core.timesteps import SCHEMES, loss_weight, mode_warp, sample_u, u_to_sigma
+from sanarl.training.ema import EMA, decay_old_weights, old_weight_decay
 
 N_DRAWS = 200_000
 

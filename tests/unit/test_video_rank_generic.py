@@ -9,7 +9,7 @@ import torch
 from sanarl.core.flow import interpolate, sigma_grid, velocity_target, x0_from_velocity
 from sanarl.core.nft_loss import nft_loss
 from sanarl.core.samplers import initial_noise, sample_loop
-from sanarl.tasks.sft import latent_shape_of
+from sanarl.methods.sft.task import latent_shape_of
 
 VIDEO = (3, 2, 4, 3, 5)  # B, C, T, h, w
 IMAGE = (3, 2, 12, 5)  # B, C, T*h, w

@@ -31,9 +31,9 @@ from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.rewards.combine import RewardFunction, RewardResult
 from sanarl.rewards.pool import RewardPool
 from sanarl.rewards.remote import RemoteRewardFunction
-from sanarl.tasks.inference_copy import InferenceCopy, require_lora_for_copy
-from sanarl.tasks.quantize import check_quantization
-from sanarl.tasks.sampling import GenerationSpec, generate_latents
+from sanarl.training.inference_copy import InferenceCopy, require_lora_for_copy
+from sanarl.training.quantize import check_quantization
+from sanarl.training.sampling import GenerationSpec, generate_latents
 
 
 @dataclass

@@ -1,6 +1,12 @@
 """SOAR: reward-free self-correction on (image, caption) data (HY-SOAR, arXiv 2604.12617; docs/algorithms.md,
 "SOAR").
 
+One step: (1) this rank's items and every random number of the batch (`micro_batches`: u, z1, levels, aux
+levels, path noise, caption dropout); (2) the step's counts N_main, N_aux all-reduced into each micro-batch's loss
+scale; then per micro-batch (`objective`): (3) the main row, (4) the rollout step with the current weights and
+CFG, (5) the auxiliary points re-noised toward z1, (6) one forward over main and auxiliary rows, (7) the
+normalised loss:
+
 Per sample: z0 = VAE(x), noise z1, u ~ the timestep density, s0 = level(u), z_s0 = (1 - s0) z0 + s0 z1, where
 level(t) is HY-SOAR's lookup in the scheduler's 1000-level sigma table (`soar.level_grid = "scheduler_table"`,
 the default) or shift(t) (`"continuous"`); `soar_levels` is the one place levels are drawn.
@@ -30,81 +36,33 @@ sum_{all ranks, all micro-batches} (L_main + lambda_aux L_aux) / max(N_main + la
 Per-sample randomness (u, z1, the caption dropout draw, s', the stochastic paths' noise) is drawn for the whole
 per-rank batch in `micro_batches` from the step generator, so any micro-batch split gives the same numbers. Data
 comes from the plugin's `batch_items(step, rank, world, per_rank)` hook when its dataset has one (bucketed datasets
-such as `sanarl.datasets.soar_jsonl`), else from `sanarl.tasks.data.step_indices` as in SFT.
+such as `sanarl.datasets.soar_jsonl`), else from `sanarl.training.data.step_indices` as in SFT.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sanarl.config.schema import Config, SoarConfig
+from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward, soar_normaliser, soar_step
 from sanarl.core.timesteps import loss_weight, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
-from sanarl.errors import ConfigError, DataError
+from sanarl.errors import DataError
+from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, encode_media
+from sanarl.methods.soar.config import (
+    LEVEL_GRIDS,
+    SCHEDULER_TABLE_SIZE,
+    check_soar_config,
+)
 from sanarl.models.base import Cond
-from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.data import split_batch, step_indices
-from sanarl.tasks.sft import draw_flow_matching_noise, draw_vae_noise, encode_media
-
-ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
-"""Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
-LEVEL_GRIDS = ("scheduler_table", "continuous")
-"""Accepted `train.train_policy.soar.level_grid` values (how s0 and s1 are read off u and t1; `soar_levels`)."""
-SCHEDULER_TABLE_SIZE = 1000
-"""Levels of HY-SOAR's training table: the `num_train_timesteps` of SD3.5's FlowMatchEulerDiscreteScheduler."""
-KEY = "train.train_policy.soar"
-
-
-def check_soar_config(soar: SoarConfig) -> None:
-    """Raise ConfigError (naming the key and the fix) for SOAR settings outside their domain."""
-    checks = [
-        (
-            soar.num_rollout_paths >= 1,
-            "num_rollout_paths",
-            "must be >= 1 (1 = the ODE path only, the default)",
-        ),
-        (
-            soar.trajectory_length >= 1,
-            "trajectory_length",
-            "must be >= 1 auxiliary point per path (default 6)",
-        ),
-        (
-            soar.num_sampling_steps >= 1,
-            "num_sampling_steps",
-            "must be >= 1 (the rollout step is 1/N in t; 40)",
-        ),
-        (soar.sigma_upper_ratio >= 1.0, "sigma_upper_ratio", "must be >= 1 so that s_up >= s1 (default 1.5)"),
-        (soar.lambda_aux >= 0.0, "lambda_aux", "must be >= 0 (0 = plain flow matching; default 1.0)"),
-        (soar.sde_noise_scale >= 0.0, "sde_noise_scale", "must be >= 0 (default 0.5)"),
-        (
-            soar.sde_rollout_type in ROLLOUT_TYPES,
-            "sde_rollout_type",
-            f"must be one of {', '.join(ROLLOUT_TYPES)} (default flow_sde)",
-        ),
-        (
-            soar.level_grid in LEVEL_GRIDS,
-            "level_grid",
-            f"must be one of {', '.join(LEVEL_GRIDS)} (default scheduler_table, as HY-SOAR)",
-        ),
-        (
-            soar.level_grid != "scheduler_table" or soar.num_sampling_steps <= SCHEDULER_TABLE_SIZE,
-            "num_sampling_steps",
-            f"must be <= {SCHEDULER_TABLE_SIZE} with level_grid = scheduler_table (a step finer than the table "
-            "reads s1 = s0); or set level_grid = continuous",
-        ),
-    ]
-    for ok, name, rule in checks:
-        if not ok:
-            raise ConfigError(
-                f"`{KEY}.{name}` = {getattr(soar, name)!r} {rule}; fix it in the preset or with "
-                f"`--set {KEY}.{name}=...`."
-            )
+from sanarl.training.data import split_batch, step_indices
+from sanarl.training.protocol import Task, per_rank_batch
 
 
 def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
@@ -282,6 +240,35 @@ def loss_scale(n_main: float, n_aux: float, lambda_aux: float, micro: int, world
     return micro * world / float(soar_normaliser(n_main, n_aux, lambda_aux))
 
 
+class SOARBatch(TypedDict, total=False):
+    """One SOAR micro-batch: the plugin's collated items, the step's draws (`draw_randomness`) and loss scales."""
+
+    prompt: list[str]
+    image: torch.Tensor
+    """[B, 3, H, W] in [0, 1]."""
+    keep_caption: torch.Tensor
+    u: torch.Tensor
+    s0: torch.Tensor
+    """[B] the main row's level."""
+    s1: torch.Tensor
+    """[B] the level one rollout step later."""
+    active: torch.Tensor
+    """[B] bool: t1 > 0 (off the boundary)."""
+    noise: torch.Tensor
+    """[B, *latent] z1."""
+    s_prime: torch.Tensor
+    """[B, M, P] auxiliary levels per path."""
+    path_noise: torch.Tensor
+    """[B, M - 1, *latent] noise of the stochastic paths."""
+    table_shift: torch.Tensor
+    """[B] the shift of the scheduler table (level_grid = scheduler_table only)."""
+    vae_noise: torch.Tensor
+    loss_scale: torch.Tensor
+    """[B] K W / max(N_main + lambda_aux N_aux, 1), every row the same."""
+    main_scale: torch.Tensor
+    aux_scale: torch.Tensor
+
+
 class SOARTask(Task):
     """The `sft` / `soar` task: flow matching plus the self-correction loss on the model's own rollout steps."""
 
@@ -331,7 +318,8 @@ class SOARTask(Task):
         )
         return [ds[i] for i in idx]
 
-    def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+    def micro_batches(self, step: int, rng: torch.Generator) -> list[SOARBatch]:
+        # 1. this rank's items and every random number of the batch
         batch = self.collate(self._items(step))
         if "image" not in batch:
             raise DataError(
@@ -347,6 +335,7 @@ class SOARTask(Task):
         )
         batch.update(draw_randomness(count, latent, self.cfg, shift, rng))
         batch.update(draw_vae_noise(self.adapter, count, latent, rng))
+        # 2. the step's point counts over all ranks -> one loss scale for every micro-batch
         soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
         n_active = int(batch["active"].sum())
         local_aux = aux_count(
@@ -378,8 +367,9 @@ class SOARTask(Task):
         prompts, keep = batch["prompt"], batch["keep_caption"].tolist()
         return self.adapter.encode_prompts([p if k else "" for p, k in zip(prompts, keep, strict=True)])
 
-    def objective(self, batch: dict, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
+    def objective(self, batch: SOARBatch, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         adapter, soar = self.adapter, self.soar
+        # 3. the main row z_s0 on the straight path from z0 to z1
         z0 = encode_media(adapter, batch["image"], batch)
         keys = ("s0", "s1", "active", "s_prime", "path_noise", "table_shift")
         draws = {k: batch[k].to(z0.device) for k in keys if k in batch}
@@ -387,16 +377,20 @@ class SOARTask(Task):
         s0 = draws["s0"]
         z_s0 = interpolate(z0, z1, s0)
         cond = self._cond(batch)
+        # 4. the rollout velocity: current weights, CFG, no grad
         v_cfg = self.rollout_velocity(z_s0, s0, cond)
+        # 5. auxiliary points: one step s0 -> s1 per path, re-noised toward z1 at s', with corrective targets
         aux = aux_points(
             z0, z1, z_s0, v_cfg, draws, soar.sde_rollout_type, soar.sde_noise_scale, soar.boundary_aux_points
         )
+        # 6. one forward over the main and auxiliary rows
         x = torch.cat([z_s0, aux.z])
         s = torch.cat(
             [s0, aux.s_model]
         )  # the model's level of each row (aux: `aux_model_level` on the table)
         v = adapter.velocity(x, s, Cond.cat([cond, cond.select(aux.owner)]))
         err = (v - torch.cat([velocity_target(z0, z1), aux.target])).pow(2).flatten(1).mean(1)
+        # 7. weighted sums, normalised by the step's global counts
         count, scheme = z0.shape[0], self.cfg.policy.diffusers.weighting_scheme
         main_sum = (loss_weight(scheme, s0) * err[:count]).sum()
         aux_sum = (loss_weight(scheme, aux.s) * err[count:]).sum()  # w(s'), as HY-SOAR

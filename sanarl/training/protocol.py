@@ -1,7 +1,11 @@
-"""The task seam: what a post-training method supplies to the shared runner (runner.py).
+"""The Task protocol: what a post-training method supplies to the shared runner (runner.py).
 
 A task owns its data source (dataset or rollouts) and its objective; the runner owns the loop (accumulation,
-clipping, optimizer, LR schedule, EMA, checkpoints, validation, logging). Tasks never branch on the model family.
+clipping, optimizer, LR schedule, EMA, checkpoints, validation, logging). The runner touches a task only through
+what `Task` declares here: its attributes (`adapter`, `train_dataset`, `run_dir`), the model set-up and state
+methods, `launch_check`, `micro_batches` / `objective` / `collect_metrics`, and the hooks. Micro-batches are each
+method's typed dicts (`NFTBatch`, `GRPOBatch`, ...; the runner only passes them back to `objective`). Tasks never
+branch on the model family.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from sanarl.config.schema import Config
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
 from sanarl.errors import ConfigError
 from sanarl.models.base import DiffusionAdapter
-from sanarl.tasks.distributed import load_full_state
+from sanarl.training.distributed import load_full_state
 
 
 def per_rank_batch(cfg: Config, world: int) -> int:
@@ -35,6 +40,13 @@ class Task(ABC):
     """Base of SFT / NFT / GRPO / SOAR tasks."""
 
     lora_names: tuple[str, ...] = ("default",)
+    """LoRA adapters the method needs besides `[policy.lora].lora_names` (NFT: "old")."""
+    train_dataset: Dataset
+    """The method's data source (images for SFT / SOAR, prompts for RL), set by the subclass's constructor; the
+    plan (`describe`) and the epoch length read its size."""
+    run_dir: Path | None
+    """The run's output directory, set by the runner before training (rollout grids go under it); None outside a
+    run."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin, *, rank: int = 0, world: int = 1
@@ -45,6 +57,7 @@ class Task(ABC):
         self.rank = rank
         self.world = world
         self.uses_lora = cfg.policy.lora is not None
+        self.run_dir = None
 
     # --- model setup --------------------------------------------------------------------------------------------
     def setup_model(self) -> None:
@@ -101,6 +114,10 @@ class Task(ABC):
             self.adapter.save_lora(directory, state)
         else:
             self.adapter.save_pipeline(directory)
+
+    def launch_check(self, fsdp: bool) -> None:  # noqa: B027  (optional hook, deliberately a no-op by default)
+        """Raise ConfigError when the method cannot run under this launch (`fsdp`: parameters sharded by FSDP);
+        called by the runner once the model is wrapped, before the first step."""
 
     # --- the method ---------------------------------------------------------------------------------------------
     @abstractmethod

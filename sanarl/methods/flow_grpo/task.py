@@ -1,13 +1,16 @@
 """Flow-GRPO and Flow-GRPO-Fast: online RL on the reverse SDE (docs/algorithms.md, "Flow-GRPO"; arXiv 2505.05470).
 
-Per rollout: roll out K samples per prompt with the *current* policy and the stochastic sampler (`sample.solver`
-flow_sde or cps at eta = `sample.noise_level`), storing for the stochastic steps the states x_i, the log-probs
-log p(x_{i+1} | x_i) and the grid; score, turn rewards into per-prompt advantages (clipped to
-[advantage_low, advantage_high]), drop the groups whose rewards are all equal (counted as `dropped_groups`), then
-train each kept sample on its trained steps:
-
-    logp  = log p_theta(x_{i+1} | x_i)   re-evaluated with x_next = x_{i+1}, same (s_i, s_{i+1}), same guidance
-    L     = PPO-clip(logp, logp_rollout, A, clip_range) + kl_beta * mean_B mean_CHW (mu_theta - mu_ref)^2 / (2 std^2)
+One rollout (served over `optimizer_steps_per_rollout` optimizer steps):
+  1. rollout: K samples per prompt with the *current* policy and the stochastic sampler (`sample.solver` flow_sde
+     or cps at eta = `sample.noise_level`), storing for the stochastic steps the states x_i, the log-probs
+     log p(x_{i+1} | x_i) and the grid; scored;
+  2. advantages: per-prompt normalised over every rank's samples, clipped to [advantage_low, advantage_high];
+     groups whose rewards are all equal are dropped (`dropped_groups`);
+  3. batches: one micro-batch per (chunk of kept samples, trained step);
+  4. objective:
+         logp = log p_theta(x_{i+1} | x_i)   re-evaluated with x_next = x_{i+1}, same (s_i, s_{i+1}), same guidance
+         L    = PPO-clip(logp, logp_rollout, A, clip_range) + kl_beta * mean_B mean_CHW (mu_theta - mu_ref)^2 / (2 std^2)
+  5. after each step: the ratio extremes and the on-policy self-check are reported.
 
 Old policy: the log-probs stored at rollout are the "old" ones. The rollout's micro-batches are split over
 `optimizer_steps_per_rollout` optimizer steps (the SD3.5 presets take 2, as flow_grpo): the first step is on-policy
@@ -32,29 +35,31 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
+from typing import TypedDict
 
 import torch
 
 from sanarl.config.schema import Config
-from sanarl.core.advantages import PerPromptStatTracker, clip_advantages
+from sanarl.core.advantages import clip_advantages
 from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
-from sanarl.core.samplers import cps_step, flow_sde_step, initial_noise, sample_loop
-from sanarl.errors import ConfigError
-from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.nft import (
-    NFTTask,
-    _reward_metrics,
-    check_steps_per_rollout,
-    load_prompt_dataset,
-    set_loss_weights,
+from sanarl.core.samplers import cps_step, flow_sde_step
+from sanarl.methods.flow_grpo.config import validate
+from sanarl.methods.flow_grpo.trajectory import (
+    Trajectory,
+    sample_trajectories,
+    sde_window,
+    trainable_positions,
+    trained_count,
+    trained_positions,
 )
-from sanarl.tasks.rollout import PromptGroup
-from sanarl.tasks.sampling import GenerationSpec
+from sanarl.methods.group_rl import GroupRLTask, reward_metrics
+from sanarl.models.base import Cond
+from sanarl.training.protocol import per_rank_batch
+from sanarl.training.rollout import PromptGroup
 
 log = logging.getLogger(__name__)
 
@@ -62,171 +67,39 @@ STEP_FUNCTIONS = {"flow_sde": flow_sde_step, "cps": cps_step}
 """The stochastic step of each solver; both take `x_next=` to re-evaluate a stored transition."""
 
 
-@dataclass
-class Trajectory:
-    """The stored SDE steps of one prompt group (on CPU).
+class GRPOBatch(TypedDict):
+    """One Flow-GRPO micro-batch: `mini_batch` kept samples at one stored SDE step each."""
 
-    states: [K, T + 1, ...] x at the start of each stored step, then after the last one (x_a .. x_b).
-    log_probs: [K, T] float32 log p(x_{i+1} | x_i) at rollout (the "old" log-probs).
-    steps: the T grid indices i (consecutive) of the steps s_i -> s_{i+1}.
-    """
-
-    states: torch.Tensor
-    log_probs: torch.Tensor
-    steps: list[int]
-
-
-# --- pure helpers ---------------------------------------------------------------------------------------------------
-def sde_window(
-    size: int, window_range: list[int], num_steps: int, rng: torch.Generator
-) -> tuple[int, int] | None:
-    """Flow-GRPO-Fast window [a, a + size), a uniform in [r0, r1 - size]; None (every step stochastic) if size 0."""
-    if size <= 0:
-        return None
-    r0, r1 = window_range
-    if not (0 <= r0 and r0 + size <= r1 <= num_steps):
-        raise ValueError(f"window size {size} does not fit in range {window_range} of {num_steps} steps")
-    start = r0 + int(torch.randint(r1 - size - r0 + 1, (1,), generator=rng))
-    return start, start + size
-
-
-def trainable_positions(steps: list[int], sigmas: torch.Tensor, solver: str) -> list[int]:
-    """Positions j of the stored steps whose transition is random: all for flow_sde; for cps all but a step that
-    lands on s' = 0 (its std s' sin(eta pi / 2) is 0, the step is deterministic and has no log-prob)."""
-    if solver == "flow_sde":
-        return list(range(len(steps)))
-    return [j for j, i in enumerate(steps) if float(sigmas[i + 1]) > 0]
-
-
-def trained_count(candidates: int, fraction: float, windowed: bool) -> int:
-    """Steps trained per sample: every window step (Fast), else max(1, int(candidates * timesteps_fraction))."""
-    return candidates if windowed else max(1, int(candidates * fraction))
-
-
-def trained_positions(candidates: list[int], num_steps: int, fraction: float, *, windowed: bool) -> list[int]:
-    """The stored-step positions every sample trains, in rollout order. Fast: every window step. Without a window,
-    as flow_grpo: the first int(num_steps * timesteps_fraction) steps of the grid (at least one), i.e. steps
-    0 .. int(N frac) - 1, never past the random ones (CPS's deterministic last step is not a candidate)."""
-    if windowed:
-        return list(candidates)
-    return list(candidates[: min(len(candidates), trained_count(num_steps, fraction, False))])
-
-
-def check_grpo_config(cfg: Config) -> None:
-    """Flow-GRPO's own settings (the loader checks solver and noise_level); ConfigError naming key and fix."""
-    tp, sample, ro = cfg.train.train_policy, cfg.policy.diffusers.sample, cfg.rollout
-    n = sample.num_steps
-    if sample.solver not in STEP_FUNCTIONS or sample.noise_level <= 0:
-        raise ConfigError(
-            f"flow_grpo needs stochastic rollouts with log-probabilities, but policy.diffusers.sample.solver = "
-            f"{sample.solver!r} and noise_level = {sample.noise_level}; set solver = 'flow_sde' (or 'cps') and "
-            "noise_level > 0 (e.g. 0.7)."
-        )
-    if tp.clip_range <= 0 or tp.ratio_warn_tolerance < 0:
-        raise ConfigError(
-            f"train.train_policy.clip_range = {tp.clip_range} must be > 0 and ratio_warn_tolerance = "
-            f"{tp.ratio_warn_tolerance} >= 0; Flow-GRPO uses clip_range = 1e-4 and ratio_warn_tolerance = 1e-3."
-        )
-    if ro.family != "diffusionnft" or ro.num_candidates not in (0, ro.n_generation):
-        raise ConfigError(
-            f"flow_grpo rolls out exactly rollout.n_generation samples per prompt with the trained policy; "
-            f"rollout.family = {ro.family!r} / num_candidates = {ro.num_candidates} (Sol-RL's searches, for "
-            "DiffusionNFT) do not apply: remove them (family = 'diffusionnft', num_candidates = 0)."
-        )
-    _check_window(tp.sde_window_size, tp.sde_window_range, n, sample.solver)
-    check_steps_per_rollout(cfg)
-    if sample.solver == "cps" and tp.sde_window_size == 0 and n < 2:
-        raise ConfigError(
-            "with solver = 'cps' the last step lands on s' = 0 deterministically, so num_steps = 1 leaves no step "
-            "to train; set policy.diffusers.sample.num_steps >= 2."
-        )
-
-
-def _check_window(size: int, window_range: list[int], num_steps: int, solver: str) -> None:
-    if size < 0:
-        raise ConfigError(
-            f"train.train_policy.sde_window_size = {size} must be >= 0 (0 = every step stochastic)."
-        )
-    if size == 0:
-        return
-    last = num_steps - 1 if solver == "cps" else num_steps
-    ok = len(window_range) == 2 and 0 <= window_range[0] and window_range[0] + size <= window_range[1] <= last
-    if not ok:
-        why = (
-            " (with cps the last step is deterministic and cannot be in the window)"
-            if solver == "cps"
-            else ""
-        )
-        raise ConfigError(
-            f"train.train_policy.sde_window_range = {window_range} with sde_window_size = {size}: the window "
-            f"[a, a + {size}) must lie inside the range [r0, r1) and r1 <= {last}{why}, with "
-            f"policy.diffusers.sample.num_steps = {num_steps}; set sde_window_range = [0, {last}] (or a sub-range) "
-            f"and sde_window_size <= {last}."
-        )
-
-
-# --- rollout ----------------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def sample_trajectories(
-    adapter: DiffusionAdapter,
-    cond: Cond,
-    seeds: list[int],
-    spec: GenerationSpec,
-    *,
-    uncond: Cond | None,
-    window: tuple[int, int] | None,
-    same_noise: bool,
-    batch_size: int,
-) -> tuple[torch.Tensor, Trajectory]:
-    """SDE rollout of one prompt group with the active policy: final latents [K, ...] and the stored steps.
-
-    Same path as `sampling.generate_latents` (explicit per-sample seeds, `sample_loop`, the adapter's CFG), but
-    keeps the trajectory of the stochastic steps on CPU and can share one initial noise per group.
-    """
-    shape = adapter.latent_shape(spec.height, spec.width)
-    sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
-    a, b = window if window is not None else (0, spec.num_steps)
-    shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
-    finals, states, log_probs = [], [], []
-    for start in range(0, len(seeds), batch_size):
-        x, generators = initial_noise(shape, seeds[start : start + batch_size], device=adapter.device)
-        if shared is not None:
-            x = shared.expand_as(x).clone()
-        out = sample_loop(
-            partial(_guided, adapter, cond, uncond, spec.guidance_scale),
-            x,
-            sigmas,
-            solver=spec.solver,
-            eta=spec.eta,
-            generators=generators,
-            return_trajectory=True,
-            window=window,
-        )
-        finals.append(out.latents)
-        states.append(torch.stack(out.trajectory[a : b + 1], dim=1).cpu())
-        log_probs.append(out.log_probs.cpu())
-    return torch.cat(finals), Trajectory(torch.cat(states), torch.cat(log_probs), list(range(a, b)))
-
-
-def _guided(
-    adapter: DiffusionAdapter, cond: Cond, uncond: Cond | None, w: float, x: torch.Tensor, s: torch.Tensor
-) -> torch.Tensor:
-    """The rollout's velocity function (x [B, ...], s [B]) -> v [B, ...]: CFG when w != 1."""
-    return adapter.guided_velocity(x, s, cond, uncond, w)
+    x: torch.Tensor
+    """[B, ...] the state x_i at the start of the step."""
+    x_next: torch.Tensor
+    """[B, ...] the rollout's x_{i+1}, whose log-probability is re-evaluated."""
+    s: torch.Tensor
+    """[B] the step's sigma s_i."""
+    s_next: torch.Tensor
+    """[B] s_{i+1}."""
+    old_log_prob: torch.Tensor
+    """[B] log p(x_{i+1} | x_i) at rollout (the "old" policy)."""
+    adv: torch.Tensor
+    """[B] clipped advantages."""
+    chunk: int
+    """Index of the sample chunk (an update takes whole chunks)."""
+    cond: Cond
+    weight: float
+    """Loss weight (group_rl.set_loss_weights; 0 for DDP padding)."""
 
 
 # --- the task -------------------------------------------------------------------------------------------------------
-class FlowGRPOTask(NFTTask):
-    """The `grpo` / `flow_grpo` task. Shares NFT's prompt stream, advantages across ranks, rollout grids, reward
-    metrics and engine; the rollout, the objective and the post-step hook are its own."""
+class FlowGRPOTask(GroupRLTask):
+    """The `grpo` / `flow_grpo` task (LoRA or full fine-tune). The prompt stream, advantages across ranks, updates
+    per rollout, padding and reward metrics are group_rl's; the SDE rollout, the objective and the post-step
+    self-check are its own."""
 
     lora_names = ("default",)
 
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
-        # Task's constructor, not NFT's (which requires LoRA): Flow-GRPO may fine-tune the whole transformer
-        Task.__init__(self, cfg, adapter, plugin, rank=rank, world=world)
-        check_grpo_config(cfg)
-        self.train_dataset = load_prompt_dataset(cfg, plugin, world)
+        validate(cfg)
+        super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         tp, w = cfg.train.train_policy, cfg.policy.diffusers.sample.guidance_scale
         if w != 1.0 and not tp.cfg_in_training:
             log.warning(
@@ -234,14 +107,9 @@ class FlowGRPOTask(NFTTask):
                 "so training re-evaluates log-probs without CFG and the importance ratios will not be 1.",
                 w,
             )
-        self.tracker = PerPromptStatTracker(global_std=tp.global_std)
-        self.engine = self.spec = self.sigmas = self.reference = None
-        self.last_metrics: dict[str, float] = {}
-        self.last_groups: list[PromptGroup] = []
+        self.spec = self.sigmas = self.reference = None
         self.last_trajectories: list[Trajectory] = []
-        self.run_dir = None
         self._ratio = _RatioMonitor(tp.ratio_warn_tolerance)
-        self._pending: tuple[int, list[dict]] | None = None
 
     def setup_model(self) -> None:
         super().setup_model()
@@ -281,25 +149,22 @@ class FlowGRPOTask(NFTTask):
             metrics["sde_window_start"] = float(window[0])
         return groups, trajectories, metrics
 
-    def _finish_chunk(self, batches: list[dict]) -> list[dict]:
-        """Pad to the ranks' common micro-batch count and weight rows so the step's loss is the row mean."""
-        padded = self._pad_for_ddp(batches, self.last_groups, self.last_trajectories)
-        set_loss_weights(batches, len(padded))
-        return padded
-
     def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
-        """Roll out prompt step `step`, compute advantages, and build all its (shuffled) training micro-batches."""
+        """Roll out prompt step `step`, compute advantages, and build all its training micro-batches."""
+        # 1. rollout with the current policy on the SDE, storing the stochastic steps and their log-probs
         groups, trajectories, metrics = self.rollout(step, rng)
+        # 2. advantages over every rank's samples; groups with all-equal rewards carry no signal
         adv, keep, stats = self._advantages(groups)
         signal, dropped = _signal_mask(groups, keep)
         metrics.update(stats)
-        metrics.update(_reward_metrics(groups))
+        metrics.update(reward_metrics(groups))
         metrics.update(dropped_groups=float(dropped), samples_trained=float(signal.sum()))
         self.last_metrics, self.last_groups, self.last_trajectories = metrics, groups, trajectories
         self._maybe_save_grid(step, groups)
         self._ratio.reset()
         tp = self.cfg.train.train_policy
         adv = clip_advantages(adv, tp.advantage_low, tp.advantage_high)
+        # 3. one micro-batch per (chunk of kept samples, trained step)
         return self._training_batches(groups, trajectories, adv, signal, rng)
 
     def _training_batches(
@@ -309,7 +174,7 @@ class FlowGRPOTask(NFTTask):
         adv: torch.Tensor,
         mask: torch.Tensor,
         rng: torch.Generator,
-    ) -> list[dict]:
+    ) -> list[GRPOBatch]:
         """One micro-batch per (chunk of mini_batch kept samples, trained step); every sample trains the same steps
         (`trained_positions`)."""
         steps = trajectories[0].steps
@@ -332,46 +197,37 @@ class FlowGRPOTask(NFTTask):
             for j in positions:
                 i = steps[j]
                 batches.append(
-                    {
-                        "x": states[idx, j],
-                        "x_next": states[idx, j + 1],
-                        "s": self.sigmas[i].expand(len(idx)).clone(),
-                        "s_next": self.sigmas[i + 1].expand(len(idx)).clone(),
-                        "old_log_prob": old[idx, j],
-                        "adv": adv[rows[idx]],
-                        "chunk": start // mb,
-                        "cond": cond.select(idx),
-                        "weight": 1.0,
-                    }
+                    GRPOBatch(
+                        x=states[idx, j],
+                        x_next=states[idx, j + 1],
+                        s=self.sigmas[i].expand(len(idx)).clone(),
+                        s_next=self.sigmas[i + 1].expand(len(idx)).clone(),
+                        old_log_prob=old[idx, j],
+                        adv=adv[rows[idx]],
+                        chunk=start // mb,
+                        cond=cond.select(idx),
+                        weight=1.0,
+                    )
                 )
         return batches
 
-    def _pad_for_ddp(
-        self, batches: list[dict], groups: list[PromptGroup], trajectories: list[Trajectory]
-    ) -> list[dict]:
-        """With several ranks every rank must run as many backward passes (DDP all-reduces in each): pad with
-        zero-weight micro-batches built from this rank's first sample."""
-        if self.world == 1:
-            return batches
-        from accelerate.utils import gather
+    def _padding_batch(self) -> GRPOBatch:
+        """A zero-weight micro-batch built from this rank's first stored step."""
+        t, groups, j = self.last_trajectories[0], self.last_groups, 0
+        return GRPOBatch(
+            x=t.states[:1, j],
+            x_next=t.states[:1, j + 1],
+            s=self.sigmas[t.steps[j] : t.steps[j] + 1],
+            s_next=self.sigmas[t.steps[j] + 1 : t.steps[j] + 2],
+            old_log_prob=t.log_probs[:1, j],
+            adv=torch.zeros(1),
+            chunk=-1,
+            cond=groups[0].cond,
+            weight=0.0,
+        )
 
-        count = torch.tensor([len(batches)], device=self.adapter.device)
-        most = int(gather(count).max())
-        t, j = trajectories[0], 0
-        pad = {
-            "x": t.states[:1, j],
-            "x_next": t.states[:1, j + 1],
-            "s": self.sigmas[t.steps[j] : t.steps[j] + 1],
-            "s_next": self.sigmas[t.steps[j] + 1 : t.steps[j] + 2],
-            "old_log_prob": t.log_probs[:1, j],
-            "adv": torch.zeros(1),
-            "cond": groups[0].cond,
-            "weight": 0.0,
-        }
-        return batches + [pad] * (most - len(batches))
-
-    # --- objective ----------------------------------------------------------------------------------------------
-    def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+    # --- 4. objective: PPO-clip on the re-evaluated log-prob, plus the KL to the reference -------------------
+    def objective(self, batch: GRPOBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         device = self.adapter.device
         x, x_next = batch["x"].to(device), batch["x_next"].to(device)
         s, s_next = batch["s"].to(device), batch["s_next"].to(device)
@@ -424,7 +280,7 @@ class FlowGRPOTask(NFTTask):
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (after
         Flow-GRPO's own config checks, so `sanarl validate` reports them too)."""
-        check_grpo_config(cfg)
+        validate(cfg)
         tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
         k, bpr, mb, n = (
             cfg.rollout.n_generation,

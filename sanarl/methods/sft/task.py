@@ -1,11 +1,17 @@
 """SFT and LoRA-SFT: flow matching on (image, caption) pairs (docs/algorithms.md, "SFT").
 
-loss = mean_B( w(s) * mean_CHW (v_theta(x_s, s, c) - (eps - x0))^2 ),  x_s = (1 - s) x0 + s eps,
-(video: the mean runs over C, T', h, w of the clip latents),
-s = shift(u) with u from the configured timestep density. LoRA on or off is decided by `[policy.lora]` alone.
+One step:
+  1. data: this rank's items of the step (a pure function of seed, step, rank), collated by the plugin;
+  2. randomness: u from the timestep density, noise eps, the caption-dropout mask (whole batch at once);
+  3. objective per micro-batch: x0 = VAE(media), s = shift(u), x_s = (1 - s) x0 + s eps,
+         loss = mean_B( w(s) * mean_CHW (v_theta(x_s, s, c) - (eps - x0))^2 )
+     (video: the mean runs over C, T', h, w of the clip latents).
+LoRA on or off is decided by `[policy.lora]` alone.
 """
 
 from __future__ import annotations
+
+from typing import TypedDict
 
 import torch
 
@@ -14,8 +20,8 @@ from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
-from sanarl.tasks.base import Task, per_rank_batch
-from sanarl.tasks.data import split_batch, step_indices
+from sanarl.training.data import split_batch, step_indices
+from sanarl.training.protocol import Task, per_rank_batch
 
 
 def draw_flow_matching_noise(
@@ -76,6 +82,23 @@ def latent_shape_of(adapter, media_shape: torch.Size | tuple[int, ...]) -> tuple
     return adapter.latent_shape(height, width)
 
 
+class SFTBatch(TypedDict, total=False):
+    """One SFT micro-batch: the plugin's collated items plus the step's randomness (`image` or `video`)."""
+
+    prompt: list[str]
+    image: torch.Tensor
+    """[B, 3, H, W] in [0, 1] (or `video` [B, 3, T, H, W])."""
+    video: torch.Tensor
+    u: torch.Tensor
+    """[B] timestep draws, mapped to sigmas by the shift."""
+    eps: torch.Tensor
+    """[B, *latent] noise."""
+    keep_caption: torch.Tensor
+    """[B] bool: False drops the caption (caption dropout)."""
+    vae_noise: torch.Tensor
+    """[B, *latent] posterior noise of a sampling VAE encoder (only then)."""
+
+
 class SFTTask(Task):
     """Supervised flow-matching fine-tune on the plugin's `{"prompt", "image"}` (or `{"prompt", "video"}`) items."""
 
@@ -100,8 +123,9 @@ class SFTTask(Task):
     def steps_per_epoch(self) -> int:
         return max(1, len(self.train_dataset) // self.cfg.train.train_batch_per_replica)
 
-    def micro_batches(self, step: int, rng: torch.Generator) -> list[dict]:
+    def micro_batches(self, step: int, rng: torch.Generator) -> list[SFTBatch]:
         train = self.cfg.train
+        # 1. this rank's items of the step
         idx = step_indices(
             len(self.train_dataset),
             train.seed,
@@ -113,11 +137,13 @@ class SFTTask(Task):
         batch = self.collate([self.train_dataset[i] for i in idx])
         key = media_key(batch, self.plugin.__name__)
         latent = latent_shape_of(self.adapter, batch[key].shape)
+        # 2. the whole batch's randomness at once, so any micro-batch split gives the same numbers
         batch.update(draw_flow_matching_noise(self.diff, len(idx), latent, rng))
         batch.update(draw_vae_noise(self.adapter, len(idx), latent, rng))
         return split_batch(batch, train.train_policy.mini_batch)
 
-    def objective(self, batch: dict, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+    def objective(self, batch: SFTBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """3. The weighted flow-matching loss of one micro-batch."""
         adapter, diff = self.adapter, self.diff
         media = batch[media_key(batch, self.plugin.__name__)]
         x0 = encode_media(adapter, media, batch)

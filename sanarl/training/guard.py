@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
-from sanarl.core.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError
+from sanarl.training.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
 
 IMAGE_PREFIX = "heldout/image/"
 

@@ -16,7 +16,6 @@ layout whatever the world size and sharding; resuming it needs the same world si
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +27,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
-from sanarl.core.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
-from sanarl.core.ema import EMA
 from sanarl.core.media import save_media
-from sanarl.core.tracking import MetricsLogger, plot_metrics
-from sanarl.errors import ConfigError, UserError
+from sanarl.errors import UserError
 from sanarl.rewards.scoring import build_rewards, score_images
 from sanarl.rewards.summary import describe
-from sanarl.tasks.base import Task
-from sanarl.tasks.data import step_generator
-from sanarl.tasks.distributed import (
+from sanarl.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from sanarl.training.data import step_generator
+from sanarl.training.distributed import (
     full_parameters,
     full_tensors,
     gathered_optimizer_state,
@@ -47,10 +43,12 @@ from sanarl.tasks.distributed import (
     scalar,
     shard_like,
 )
-from sanarl.tasks.guard import Guard, check_reward_keys, image_guard_stats
-from sanarl.tasks.sampling import GenerationSpec, generate_images
-
-MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
+from sanarl.training.ema import EMA
+from sanarl.training.guard import Guard, check_reward_keys, image_guard_stats
+from sanarl.training.protocol import Task
+from sanarl.training.sampling import GenerationSpec, generate_images
+from sanarl.training.setup import build_optimizer, warmup_schedule
+from sanarl.training.tracking import MetricsLogger, plot_metrics
 
 
 @dataclass
@@ -61,56 +59,6 @@ class RunResult:
     steps: int
     last_metrics: dict[str, float]
     export_dir: Path | None
-
-
-def build_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD from `[train]`; `optm_impl` = foreach | fused | for-loop."""
-    t = cfg.train
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(t.optm_impl, {"foreach": False})
-    if t.optm_name == "SGD":
-        return torch.optim.SGD(params, lr=t.optm_lr, weight_decay=t.optm_weight_decay, **impl)
-    cls = torch.optim.AdamW if t.optm_name == "AdamW" else torch.optim.Adam
-    return cls(
-        params,
-        lr=t.optm_lr,
-        betas=tuple(t.optm_betas),
-        eps=t.epsilon,
-        weight_decay=t.optm_weight_decay,
-        **impl,
-    )
-
-
-def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over `warmup_steps`, then constant."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    )
-
-
-def check_writable(output_dir: str) -> Path:
-    """Fail with exit code 2, before anything is written, when `output_dir` cannot be created or written."""
-    run_dir = Path(output_dir).expanduser().absolute()
-    probe = run_dir
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(
-            f'`train.output_dir = "{output_dir}"` cannot be written ({probe} is not a writable directory); '
-            "choose another directory with `--set train.output_dir=...`."
-        )
-    return run_dir
-
-
-def prepare_run_dir(output_dir: str) -> Path:
-    """Create the run directory (after `check_writable`); a failure is still reported as bad input."""
-    run_dir = check_writable(output_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(
-            f'`train.output_dir = "{output_dir}"` cannot be created ({err.strerror}); choose another directory.'
-        ) from None
-    return run_dir
 
 
 class Runner:
@@ -136,13 +84,7 @@ class Runner:
             else None
         )
         task.adapter.forward_module = self._compiled(self.wrapped)
-        engine = getattr(task, "engine", None)
-        if is_fsdp(accelerator) and getattr(engine, "full_copy", None) is not None:
-            raise ConfigError(
-                f"rollout.family = {cfg.rollout.family!r} samples from inference copies merged from the live LoRA "
-                "weights, which FSDP shards; launch this preset with DDP (sanarl/data/accelerate/ddp_8gpu.yaml: LoRA "
-                "fits every GPU) or use rollout.family = 'diffusionnft' / 'naive_scaling' under FSDP."
-            )
+        task.launch_check(is_fsdp(accelerator))
         self.total_steps = self._total_steps()
         self.start_step = 0
         self._held_out = None
@@ -153,7 +95,7 @@ class Runner:
             raise UserError(str(err)) from None
 
     def _build_guard(self):
-        """The reward-hacking alarm of `[validation.guard]` (sanarl/tasks/guard.py), or None; its held-out rewards are
+        """The reward-hacking alarm of `[validation.guard]` (sanarl/training/guard.py), or None; its held-out rewards are
         built now so a guard key that no reward returns stops the run before training."""
         cfg = self.cfg.validation
         if not (cfg.enable and cfg.guard.enable):
@@ -343,7 +285,7 @@ class Runner:
             logger.log(step, logged)
         return logged
 
-    # --- reward-hacking alarm (sanarl/tasks/guard.py) -----------------------------------------------------------
+    # --- reward-hacking alarm (sanarl/training/guard.py) -----------------------------------------------------------
     def _guard_after_validation(self, step: int, logger: MetricsLogger) -> bool:
         """Rank 0's guard decision on the validation at `step`, shared with every rank: keep a checkpoint of this
         step (a guard metric's new best; every rank gathers) and whether to stop (`action = "stop"` alarm)."""

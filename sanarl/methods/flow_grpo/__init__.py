@@ -1,0 +1,1 @@
+"""Flow-GRPO and Flow-GRPO-Fast: task.py (the method, step by step) and config.py (its config view and checks)."""

@@ -1,0 +1,87 @@
+"""Flow-GRPO's config view and checks (docs/algorithms.md, "Flow-GRPO"; docs/grpo.md for the keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
+from sanarl.errors import ConfigError
+from sanarl.methods.group_config import check_steps_per_rollout, rollouts_for
+
+STOCHASTIC_SOLVERS = ("flow_sde", "cps")
+"""The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
+
+
+@dataclass(frozen=True)
+class FlowGRPOView:
+    """The sections Flow-GRPO reads: the policy-gradient keys (clip, KL, window, advantages), the rollout (group
+    size), the diffusers keys (sampler, noise level, timesteps_fraction) and the LoRA adapters (or none: full
+    fine-tune with a frozen reference)."""
+
+    train_policy: TrainPolicyConfig
+    rollout: RolloutConfig
+    diffusers: DiffusersConfig
+    lora: LoraConfig | None
+
+
+def view(cfg: Config) -> FlowGRPOView:
+    return FlowGRPOView(cfg.train.train_policy, cfg.rollout, cfg.policy.diffusers, cfg.policy.lora)
+
+
+def validate(cfg: Config) -> None:
+    """Flow-GRPO's own settings (the loader checks solver and noise_level); ConfigError naming key and fix."""
+    tp, sample, ro = cfg.train.train_policy, cfg.policy.diffusers.sample, cfg.rollout
+    n = sample.num_steps
+    if sample.solver not in STOCHASTIC_SOLVERS or sample.noise_level <= 0:
+        raise ConfigError(
+            f"flow_grpo needs stochastic rollouts with log-probabilities, but policy.diffusers.sample.solver = "
+            f"{sample.solver!r} and noise_level = {sample.noise_level}; set solver = 'flow_sde' (or 'cps') and "
+            "noise_level > 0 (e.g. 0.7)."
+        )
+    if tp.clip_range <= 0 or tp.ratio_warn_tolerance < 0:
+        raise ConfigError(
+            f"train.train_policy.clip_range = {tp.clip_range} must be > 0 and ratio_warn_tolerance = "
+            f"{tp.ratio_warn_tolerance} >= 0; Flow-GRPO uses clip_range = 1e-4 and ratio_warn_tolerance = 1e-3."
+        )
+    if ro.family != "diffusionnft" or ro.num_candidates not in (0, ro.n_generation):
+        raise ConfigError(
+            f"flow_grpo rolls out exactly rollout.n_generation samples per prompt with the trained policy; "
+            f"rollout.family = {ro.family!r} / num_candidates = {ro.num_candidates} (Sol-RL's searches, for "
+            "DiffusionNFT) do not apply: remove them (family = 'diffusionnft', num_candidates = 0)."
+        )
+    _check_window(tp.sde_window_size, tp.sde_window_range, n, sample.solver)
+    check_steps_per_rollout(cfg)
+    if sample.solver == "cps" and tp.sde_window_size == 0 and n < 2:
+        raise ConfigError(
+            "with solver = 'cps' the last step lands on s' = 0 deterministically, so num_steps = 1 leaves no step "
+            "to train; set policy.diffusers.sample.num_steps >= 2."
+        )
+
+
+def _check_window(size: int, window_range: list[int], num_steps: int, solver: str) -> None:
+    if size < 0:
+        raise ConfigError(
+            f"train.train_policy.sde_window_size = {size} must be >= 0 (0 = every step stochastic)."
+        )
+    if size == 0:
+        return
+    last = num_steps - 1 if solver == "cps" else num_steps
+    ok = len(window_range) == 2 and 0 <= window_range[0] and window_range[0] + size <= window_range[1] <= last
+    if not ok:
+        why = (
+            " (with cps the last step is deterministic and cannot be in the window)"
+            if solver == "cps"
+            else ""
+        )
+        raise ConfigError(
+            f"train.train_policy.sde_window_range = {window_range} with sde_window_size = {size}: the window "
+            f"[a, a + {size}) must lie inside the range [r0, r1) and r1 <= {last}{why}, with "
+            f"policy.diffusers.sample.num_steps = {num_steps}; set sde_window_range = [0, {last}] (or a sub-range) "
+            f"and sde_window_size <= {last}."
+        )
+
+
+def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
+    """(images generated, reward calls) of `steps` optimizer steps: `train_batch_per_replica` per rollout."""
+    rollouts = rollouts_for(cfg, steps)
+    return rollouts * cfg.train.train_batch_per_replica, rollouts * cfg.train.train_batch_per_replica

@@ -1,0 +1,112 @@
+"""Flow-GRPO's rollout pieces: the SDE window, which stored steps train, and the trajectory sampler
+(docs/algorithms.md, "Flow-GRPO")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from sanarl.core.flow import sigma_grid
+from sanarl.core.samplers import initial_noise, sample_loop
+from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.training.sampling import GenerationSpec
+
+
+@dataclass
+class Trajectory:
+    """The stored SDE steps of one prompt group (on CPU).
+
+    states: [K, T + 1, ...] x at the start of each stored step, then after the last one (x_a .. x_b).
+    log_probs: [K, T] float32 log p(x_{i+1} | x_i) at rollout (the "old" log-probs).
+    steps: the T grid indices i (consecutive) of the steps s_i -> s_{i+1}.
+    """
+
+    states: torch.Tensor
+    log_probs: torch.Tensor
+    steps: list[int]
+
+
+def sde_window(
+    size: int, window_range: list[int], num_steps: int, rng: torch.Generator
+) -> tuple[int, int] | None:
+    """Flow-GRPO-Fast window [a, a + size), a uniform in [r0, r1 - size]; None (every step stochastic) if size 0."""
+    if size <= 0:
+        return None
+    r0, r1 = window_range
+    if not (0 <= r0 and r0 + size <= r1 <= num_steps):
+        raise ValueError(f"window size {size} does not fit in range {window_range} of {num_steps} steps")
+    start = r0 + int(torch.randint(r1 - size - r0 + 1, (1,), generator=rng))
+    return start, start + size
+
+
+def trainable_positions(steps: list[int], sigmas: torch.Tensor, solver: str) -> list[int]:
+    """Positions j of the stored steps whose transition is random: all for flow_sde; for cps all but a step that
+    lands on s' = 0 (its std s' sin(eta pi / 2) is 0, the step is deterministic and has no log-prob)."""
+    if solver == "flow_sde":
+        return list(range(len(steps)))
+    return [j for j, i in enumerate(steps) if float(sigmas[i + 1]) > 0]
+
+
+def trained_count(candidates: int, fraction: float, windowed: bool) -> int:
+    """Steps trained per sample: every window step (Fast), else max(1, int(candidates * timesteps_fraction))."""
+    return candidates if windowed else max(1, int(candidates * fraction))
+
+
+def trained_positions(candidates: list[int], num_steps: int, fraction: float, *, windowed: bool) -> list[int]:
+    """The stored-step positions every sample trains, in rollout order. Fast: every window step. Without a window,
+    as flow_grpo: the first int(num_steps * timesteps_fraction) steps of the grid (at least one), i.e. steps
+    0 .. int(N frac) - 1, never past the random ones (CPS's deterministic last step is not a candidate)."""
+    if windowed:
+        return list(candidates)
+    return list(candidates[: min(len(candidates), trained_count(num_steps, fraction, False))])
+
+
+@torch.no_grad()
+def sample_trajectories(
+    adapter: DiffusionAdapter,
+    cond: Cond,
+    seeds: list[int],
+    spec: GenerationSpec,
+    *,
+    uncond: Cond | None,
+    window: tuple[int, int] | None,
+    same_noise: bool,
+    batch_size: int,
+) -> tuple[torch.Tensor, Trajectory]:
+    """SDE rollout of one prompt group with the active policy: final latents [K, ...] and the stored steps.
+
+    Same path as `sampling.generate_latents` (explicit per-sample seeds, `sample_loop`, the adapter's CFG), but
+    keeps the trajectory of the stochastic steps on CPU and can share one initial noise per group.
+    """
+    shape = adapter.latent_shape(spec.height, spec.width)
+    sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
+    a, b = window if window is not None else (0, spec.num_steps)
+    shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
+    finals, states, log_probs = [], [], []
+    for start in range(0, len(seeds), batch_size):
+        x, generators = initial_noise(shape, seeds[start : start + batch_size], device=adapter.device)
+        if shared is not None:
+            x = shared.expand_as(x).clone()
+        out = sample_loop(
+            partial(_guided, adapter, cond, uncond, spec.guidance_scale),
+            x,
+            sigmas,
+            solver=spec.solver,
+            eta=spec.eta,
+            generators=generators,
+            return_trajectory=True,
+            window=window,
+        )
+        finals.append(out.latents)
+        states.append(torch.stack(out.trajectory[a : b + 1], dim=1).cpu())
+        log_probs.append(out.log_probs.cpu())
+    return torch.cat(finals), Trajectory(torch.cat(states), torch.cat(log_probs), list(range(a, b)))
+
+
+def _guided(
+    adapter: DiffusionAdapter, cond: Cond, uncond: Cond | None, w: float, x: torch.Tensor, s: torch.Tensor
+) -> torch.Tensor:
+    """The rollout's velocity function (x [B, ...], s [B]) -> v [B, ...]: CFG when w != 1."""
+    return adapter.guided_velocity(x, s, cond, uncond, w)

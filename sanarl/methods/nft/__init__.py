@@ -1,0 +1,1 @@
+"""DiffusionNFT: task.py (the method, step by step) and config.py (its config view and checks)."""

@@ -1,0 +1,1 @@
+"""SOAR: task.py (the method, step by step) and config.py (its config view and checks)."""

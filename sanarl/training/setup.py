@@ -1,0 +1,64 @@
+"""What a run needs before its loop: the accelerate precision name, the optimizer, the LR warm-up and a writable
+run directory (checked before anything is written)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from sanarl.config.schema import Config
+from sanarl.errors import UserError
+
+MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def build_optimizer(cfg: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD from `[train]`; `optm_impl` = foreach | fused | for-loop."""
+    t = cfg.train
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(t.optm_impl, {"foreach": False})
+    if t.optm_name == "SGD":
+        return torch.optim.SGD(params, lr=t.optm_lr, weight_decay=t.optm_weight_decay, **impl)
+    cls = torch.optim.AdamW if t.optm_name == "AdamW" else torch.optim.Adam
+    return cls(
+        params,
+        lr=t.optm_lr,
+        betas=tuple(t.optm_betas),
+        eps=t.epsilon,
+        weight_decay=t.optm_weight_decay,
+        **impl,
+    )
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warmup_steps`, then constant."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+
+
+def check_writable(output_dir: str) -> Path:
+    """Fail with exit code 2, before anything is written, when `output_dir` cannot be created or written."""
+    run_dir = Path(output_dir).expanduser().absolute()
+    probe = run_dir
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(
+            f'`train.output_dir = "{output_dir}"` cannot be written ({probe} is not a writable directory); '
+            "choose another directory with `--set train.output_dir=...`."
+        )
+    return run_dir
+
+
+def prepare_run_dir(output_dir: str) -> Path:
+    """Create the run directory (after `check_writable`); a failure is still reported as bad input."""
+    run_dir = check_writable(output_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(
+            f'`train.output_dir = "{output_dir}"` cannot be created ({err.strerror}); choose another directory.'
+        ) from None
+    return run_dir
