@@ -46,12 +46,13 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
     from sanarl import api
     from sanarl.config import load_config
     from sanarl.config.plugins import cosmos_plugin, resolve_plugin
+    from sanarl.rewards.preflight import check_reward_names
 
     loaded = load_config(resolve_preset_path(config), overrides or [])
     main_process = PartialState().is_main_process
     plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
     resolve_plugin(plugin_spec)  # before the reward check: a plugin may register rewards
-    reward_warnings = [line for line in _check_reward_names(loaded.config) if line.startswith("warning: ")]
+    reward_warnings = [line for line in check_reward_names(loaded.config) if line.startswith("warning: ")]
     if main_process:
         for note in loaded.notes:
             _note(note)
@@ -136,7 +137,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
-    from sanarl.rewards.preflight import check_reward_prompts
+    from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
@@ -145,7 +146,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     plugin = resolve_plugin(plugin_spec, notice=_note_out)
     check_plugin(plugin)
     cls = task_class(cfg)
-    reward_report = _check_reward_names(cfg)
+    reward_report = check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
     check_reward_prompts(cfg, plugin)
     val_rows = _validation_rows(cfg, plugin)
@@ -195,47 +196,6 @@ def _default_report(loaded) -> list[str]:
         + "; ".join(diffs)
         + ". Set the keys to run as Cosmos-RL would."
     ]
-
-
-def _check_reward_names(cfg) -> list[str]:
-    """Each reward of the run is scored in-process (its name is in the registry and it builds with its options) or
-    on the reward service (the registry's names, or Cosmos-RL's service names, see `cosmos_rl.reward_lines`);
-    anything else fails here, before weights load. With REMOTE_REWARD_* set the service's /health is asked too.
-    Returns the lines to print."""
-    from sanarl.config.cosmos_rl import reward_lines
-    from sanarl.errors import ConfigError
-    from sanarl.rewards.registry import build_reward, known_rewards
-
-    tp = cfg.train.train_policy
-    remote = tp.use_remote_reward
-    fns = tp.remote_reward.reward_fns
-    try:
-        lines = reward_lines([fn.name for fn in fns], remote, known_rewards())
-    except ValueError as err:
-        raise ConfigError(
-            f"{err}. (`train.train_policy.remote_reward.reward_fns`; docs/cosmos-rl.md)"
-        ) from None
-    for fn in fns:
-        # ConfigError for an unknown name (listing the known ones) or options the reward does not take
-        if not remote and (fn.name not in known_rewards() or fn.options):
-            build_reward(fn.name, **fn.options)
-    if remote and fns and _remote_env_set():
-        from sanarl.rewards.remote import RemoteRewardFunction
-
-        RemoteRewardFunction(tp.remote_reward, check=False, timeout_s=10.0).check_service()
-        lines.append("reward service: its /health answers and serves every reward above.")
-    for name in cfg.validation.held_out_rewards:
-        if name not in known_rewards():
-            build_reward(name)
-    return lines
-
-
-def _remote_env_set() -> bool:
-    import os
-
-    from sanarl.rewards.remote import ENV_ENQUEUE, ENV_FETCH, ENV_TOKEN
-
-    return all(os.environ.get(name) for name in (ENV_TOKEN, ENV_ENQUEUE, ENV_FETCH))
 
 
 @tools.command()

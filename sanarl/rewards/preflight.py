@@ -1,5 +1,5 @@
-"""Checks of the data against the configured rewards, before any model loads (`sanarl validate`, the start of a
-run, `sanarl eval`): a reward that cannot score a prompt (`Reward.check_prompt`, e.g. `shapes` on a caption outside
+"""Checks of the configured rewards before any model loads: their names and options (`check_reward_names`), and the
+data against them (`sanarl validate`, the start of a run, `sanarl eval`): a reward that cannot score a prompt (`Reward.check_prompt`, e.g. `shapes` on a caption outside
 its grammar) stops the command with a DataError naming the first such prompt, never a failure after loading.
 
 Only rewards that define `check_prompt` read the data, so other runs pay nothing. The trained rewards are checked
@@ -8,13 +8,16 @@ against the training items, `validation.held_out_rewards` against the validation
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from sanarl.config.cosmos_rl import reward_lines
 from sanarl.config.schema import Config
-from sanarl.errors import DataError
+from sanarl.errors import ConfigError, DataError
 from sanarl.rewards.base import Reward, RewardInputError
-from sanarl.rewards.registry import build_reward
+from sanarl.rewards.registry import build_reward, known_rewards
+from sanarl.rewards.remote import ENV_ENQUEUE, ENV_FETCH, ENV_TOKEN, RemoteRewardFunction
 
 MAX_CHECKED_ITEMS = 4096
 """Training items read at most (a procedural or very large set is checked on its first items; a later bad item
@@ -67,3 +70,34 @@ def check_reward_prompts(cfg: Config, plugin: Any) -> None:
         check_items(
             held_out, _items(dataset, cfg.validation.num_samples), "validation data (held_out_rewards)"
         )
+
+
+def check_reward_names(cfg: Config) -> list[str]:
+    """Each reward of the run is scored in-process (its name is in the registry and it builds with its options) or
+    on the reward service (the registry's names, or Cosmos-RL's service names, see `cosmos_rl.reward_lines`);
+    anything else fails here, before weights load. With REMOTE_REWARD_* set the service's /health is asked too.
+    Returns the lines to print."""
+    tp = cfg.train.train_policy
+    remote = tp.use_remote_reward
+    fns = tp.remote_reward.reward_fns
+    try:
+        lines = reward_lines([fn.name for fn in fns], remote, known_rewards())
+    except ValueError as err:
+        raise ConfigError(
+            f"{err}. (`train.train_policy.remote_reward.reward_fns`; docs/cosmos-rl.md)"
+        ) from None
+    for fn in fns:
+        # ConfigError for an unknown name (listing the known ones) or options the reward does not take
+        if not remote and (fn.name not in known_rewards() or fn.options):
+            build_reward(fn.name, **fn.options)
+    if remote and fns and _remote_env_set():
+        RemoteRewardFunction(tp.remote_reward, check=False, timeout_s=10.0).check_service()
+        lines.append("reward service: its /health answers and serves every reward above.")
+    for name in cfg.validation.held_out_rewards:
+        if name not in known_rewards():
+            build_reward(name)
+    return lines
+
+
+def _remote_env_set() -> bool:
+    return all(os.environ.get(name) for name in (ENV_TOKEN, ENV_ENQUEUE, ENV_FETCH))

@@ -50,3 +50,28 @@ def test_short_bench_writes_table_plot_grids_and_resumes(run_cli, tmp_path):
 def test_bench_rejects_unknown_method(run_cli, tmp_path):
     code, _, stderr = run_cli("bench", "shapes", "--methods", "nft,dpo", "--output", tmp_path)
     assert code == 2 and "dpo" in stderr and "sft-more" in stderr
+
+
+def test_curve_points_evaluate_each_timed_checkpoint(run_cli, tmp_path):
+    """`--curve-minutes`: the run keeps a checkpoint each M minutes (here every step) and each is evaluated like the
+    final model; the x value is the training time up to that step."""
+    out = tmp_path / "curves"
+    small = ("--budget-minutes", "10", "--seeds", "1", "--methods", "sft-more", "--eval", "8", "--eval-steps", "2",
+             "--jobs", "1", "--curve-minutes", "0.000001", "--set", "train.max_num_steps=3",
+             "--set", "train.train_batch_per_replica=4", "--set", "train.train_policy.mini_batch=4")  # fmt: skip
+    code, _, stderr = run_cli("bench", "shapes", *small, "--output", out)
+    assert code == 0, stderr
+    run = json.loads((out / "results.json").read_text())["runs"][1]
+    curve = run["curve"]
+    assert [p["step"] for p in curve] == [1, 2]  # the final step 3 is the run's own record
+    times = [p["train_minutes"] for p in curve] + [run["train_minutes"]]
+    assert 0 < times[0] < times[1] < times[2]
+    for p in curve:
+        strict = p["summary"]["scores"]["shapes/strict"]
+        assert strict["n"] == 8 and 0.0 <= strict["mean"] <= 1.0
+    ckpts = sorted(p.name for p in (out / "sft-more" / "seed0" / "checkpoints").iterdir())
+    assert ckpts == ["step_00000001", "step_00000002", "step_00000003"]  # every timed save kept (max_keep 0)
+    table = (out / "results.md").read_text()
+    assert "## Held-out curves" in table and "| sft-more | 0 | 0 | 0.0 |" in table  # the base at minute 0
+    assert "| sft-more | 0 | 2 |" in table and "| sft-more | 0 | 3 |" in table
+    assert (out / "curves.png").stat().st_size > 0

@@ -10,7 +10,8 @@ from sanarl.errors import ConfigError, UserError
 
 
 def test_defaults_and_the_full_grid():
-    assert resolve_plan(False, None, None, None) == DEFAULT == BenchPlan(("nft", "grpo"), 1, 30.0)
+    assert resolve_plan(False, None, None, None) == DEFAULT == BenchPlan(("nft", "grpo"), 1, 30.0, 5.0)
+    assert FULL.curve_minutes == 0.0  # the full grid evaluates the final models only
     assert resolve_plan(True, None, None, None) == FULL
     assert FULL.methods == ("nft", "nft-solrl", "grpo", "soar", "sft-more") and FULL.seeds == 3
     # 2 runs side by side: one round of 30 minutes; the full grid: 15 runs -> 8 rounds of 4 minutes
@@ -21,7 +22,10 @@ def test_explicit_options_replace_the_plan_values():
     plan = resolve_plan(True, "soar,sft-more", 2, None)
     assert plan == BenchPlan(("soar", "sft-more"), 2, 4.0)
     assert plan.runs() == [("soar", 0), ("soar", 1), ("sft-more", 0), ("sft-more", 1)]
-    assert resolve_plan(False, None, 3, 12.5) == BenchPlan(("nft", "grpo"), 3, 12.5)
+    assert resolve_plan(False, None, 3, 12.5) == BenchPlan(("nft", "grpo"), 3, 12.5, 5.0)
+    assert resolve_plan(False, None, None, None, 0.0).curve_minutes == 0.0
+    with pytest.raises(UserError, match="--curve-minutes"):
+        resolve_plan(False, None, None, None, -1.0)
     with pytest.raises(ConfigError, match="dpo.*sft-more"):
         resolve_plan(False, "nft,dpo", None, None)
     with pytest.raises(UserError, match="--seeds"):
@@ -36,6 +40,7 @@ def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
     assert code == 0, stderr
     flat = " ".join(stdout.split())
     assert "nft, grpo x 1 seed(s) = 2 run(s) of 30 training minutes, 2 at a time: 30 minutes" in flat
+    assert "a held-out curve point every 5 minutes" in flat
     assert not out.exists()
     code, stdout, _ = run_cli("bench", "shapes", "--plan", "--full", "--jobs", "1", "--output", out)
     assert code == 0 and "15 run(s) of 4 training minutes, 1 at a time: 60 minutes" in " ".join(
