@@ -20,7 +20,7 @@ from sanarl.bench.curves import curves_markdown, plot_curves
 from sanarl.bench.methods import RATIOS
 from sanarl.bench.plan import EVAL_SEED
 from sanarl.core.images import save_grid
-from sanarl.rewards.summary import describe
+from sanarl.rewards.summary import describe, paired_delta
 from sanarl.training.tracking import read_metrics
 
 STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", "entropy")
@@ -28,6 +28,20 @@ STAT_KEYS: tuple[str, ...] = ("background_fraction", "num_blobs", "num_specks", 
 
 ACCURACY_PARTS: tuple[str, ...] = ("strict", "partial", "exact")
 """Held-out accuracies per method: GenEval's strict and partial, and the exact variant (extra objects fail)."""
+
+PAIRED_KEYS: tuple[str, ...] = tuple(f"shapes/{part}" for part in ACCURACY_PARTS)
+"""Per-sample scores a record keeps, for gains over the base on paired samples (same prompts and seeds)."""
+
+
+def paired_gain(group: list[dict[str, Any]], base: dict[str, Any], key: str) -> dict[str, float]:
+    """A method's gain over the base on paired samples: per sample, the mean over the method's seeds minus the
+    base's score; `{delta, stderr, n}` (NaN when a record has no per-sample scores, e.g. an older bench)."""
+    runs = [r.get("per_sample", {}).get(key) for r in group]
+    ref = base.get("per_sample", {}).get(key)
+    if ref is None or any(v is None or len(v) != len(ref) for v in runs):
+        return {"delta": math.nan, "stderr": math.nan, "n": 0}
+    mean = [math.fsum(v[i] for v in runs) / len(runs) for i in range(len(ref))]
+    return paired_delta(ref, mean)
 
 
 def load_preview(run_dir: Path):
@@ -72,11 +86,16 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if base is not None and row is not base:
             row["gain"] = row["strict"] - base["strict"]
             row["gain_in_std"] = row["gain"] / row["strict_std"] if row["strict_std"] > 0 else math.nan
+            group = [r for r in records if r["method"] == row["method"]]
+            base_record = next(r for r in records if r["method"] == "base")
             for part in ("strict", "exact"):
                 se = math.hypot(row[f"{part}_se"], base[f"{part}_se"])
                 row[f"{part}_gain"] = row[part] - base[part]
                 row[f"{part}_gain_se"] = se
                 row[f"{part}_gain_in_se"] = row[f"{part}_gain"] / se if se > 0 else math.nan
+                paired = paired_gain(group, base_record, f"shapes/{part}")["stderr"]
+                row[f"{part}_gain_paired_se"] = paired
+                row[f"{part}_gain_in_paired_se"] = row[f"{part}_gain"] / paired if paired > 0 else math.nan
     return rows
 
 
@@ -111,8 +130,10 @@ def markdown(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]], heade
         if "gain" in r:
             lines.append(
                 f"- {r['method']}: strict gain over base {r['strict_gain']:+.4f} ± {r['strict_gain_se']:.4f} "
-                f"({r['strict_gain_in_se']:.1f} eval se; {r['gain_in_std']:.2f} seed std), exact "
-                f"{r['exact_gain']:+.4f} ± {r['exact_gain_se']:.4f} ({r['exact_gain_in_se']:.1f} eval se)"
+                f"({r['strict_gain_in_se']:.1f} eval se; paired se {r['strict_gain_paired_se']:.4f}: "
+                f"{r['strict_gain_in_paired_se']:.1f}; {r['gain_in_std']:.2f} seed std), exact "
+                f"{r['exact_gain']:+.4f} ± {r['exact_gain_se']:.4f} ({r['exact_gain_in_se']:.1f} eval se; paired se "
+                f"{r['exact_gain_paired_se']:.4f}: {r['exact_gain_in_paired_se']:.1f})"
             )
     for q in ratio_rows:
         lines.append(f"- {q['what']}: strict {q['numerator']} / {q['denominator']} = {q['strict_ratio']:.3f}")

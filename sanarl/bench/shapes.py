@@ -24,7 +24,7 @@ from sanarl.bench.base_model import export_base, train_base
 from sanarl.bench.curves import curve_overrides, evaluate_intermediate
 from sanarl.bench.methods import METHODS, rollout_cost
 from sanarl.bench.plan import EVAL_SEED
-from sanarl.bench.report import write_report
+from sanarl.bench.report import PAIRED_KEYS, write_report
 from sanarl.config import load_config
 from sanarl.config.presets import resolve_preset_path
 from sanarl.evaluation.prompts import PromptSet, shapes_prompts
@@ -83,7 +83,18 @@ def evaluate(source: ModelSource, rows: PromptSet, opts: BenchOptions) -> dict[s
     settings = EvalSettings(seed=EVAL_SEED, batch_size=opts.batch_size, stats=True)
     spec = eval_spec(adapter, steps=opts.eval_steps)
     result = evaluate_source(adapter, source.label, rows, spec, build_rewards(["shapes"]), settings, None)
-    return {"summary": result.summary, "seconds": result.seconds, "preview": result.preview}
+    per_sample = {k: result.scores[k] for k in PAIRED_KEYS if k in result.scores}
+    return {
+        "summary": result.summary,
+        "seconds": result.seconds,
+        "preview": result.preview,
+        "per_sample": per_sample,
+    }
+
+
+def _curve_summary(source: ModelSource, rows: PromptSet, opts: BenchOptions) -> dict[str, Any]:
+    """A curve point's evaluation summary (the same evaluation as a final model, per-sample scores left out)."""
+    return evaluate(source, rows, opts)["summary"]
 
 
 def _save_preview(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -159,7 +170,7 @@ def run_method(
               "reward_calls": calls, "checkpoint": str(source.checkpoint), **evaluate(source, rows, opts)}  # fmt: skip
     if opts.curve_minutes > 0:
         record["curve"] = evaluate_intermediate(
-            run_dir, steps, lambda ckpt: evaluate(resolve_checkpoint(str(ckpt)), rows, opts)["summary"]
+            run_dir, steps, lambda ckpt: _curve_summary(resolve_checkpoint(str(ckpt)), rows, opts)
         )
     record = _save_preview(record, run_dir)
     done.write_text(json.dumps(record, indent=2))

@@ -30,6 +30,7 @@ def test_short_bench_writes_table_plot_grids_and_resumes(run_cli, tmp_path):
         assert done["steps"] == 1  # the wall budget stops after the first step
         assert rows[method]["strict"] == pytest.approx(done["summary"]["scores"]["shapes/strict"]["mean"])
         assert rows[method]["gain"] == pytest.approx(rows[method]["strict"] - rows["base"]["strict"])
+        assert len(done["per_sample"]["shapes/strict"]) == 16  # kept for the paired standard error
         assert Image.open(out / "grids" / f"{method}.png").size == (8 * 128, 2 * (128 + 34))
     assert rows["soar"]["rollout_images"] == 4 and rows["soar"]["reward_calls"] == 0  # 1 step x 4 x 1 path
     assert rows["sft-more"]["rollout_images"] == 0

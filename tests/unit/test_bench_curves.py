@@ -46,3 +46,23 @@ def test_curve_overrides_keep_only_timed_checkpoints():
     sets = curve_overrides(5.0)
     assert "train.ckpt.save_every_minutes=5.0" in sets and "train.ckpt.max_keep=0" in sets
     assert "train.ckpt.save_freq=1000000000" in sets
+
+
+def test_paired_gain_averages_seeds_per_sample_then_pairs_with_the_base():
+    import math
+
+    from sanarl.bench.report import paired_gain
+
+    base = {"per_sample": {"shapes/strict": [0.0, 1.0, 0.0, 1.0]}}
+    seeds = [
+        {"per_sample": {"shapes/strict": [1.0, 1.0, 0.0, 1.0]}},
+        {"per_sample": {"shapes/strict": [1.0, 0.0, 1.0, 1.0]}},
+    ]
+    out = paired_gain(seeds, base, "shapes/strict")
+    diffs = [1.0, -0.5, 0.5, 0.0]  # per sample: mean over the two seeds minus the base
+    mean = sum(diffs) / 4
+    stderr = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3) / 2
+    assert out["delta"] == mean and math.isclose(out["stderr"], stderr) and out["n"] == 4
+    assert math.isnan(
+        paired_gain([{}], base, "shapes/strict")["stderr"]
+    )  # an older record: no per-sample scores
