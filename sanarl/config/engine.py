@@ -4,7 +4,8 @@
 It knows nothing of either schema: it reads the field types of whatever dataclass it is given. The build is
 strict: every key must be a field of its section's dataclass (unknown keys raise `ConfigError` with a
 did-you-mean), every value must have the field's type (an int is accepted for a float, a bool never for a
-number), and a `typing.Literal` field takes only its values. What differs between the two configs plugs in:
+number), and a `typing.Literal` field takes only its values. An error about a key of a file quotes the line that
+sets it (`key_line`; tomllib itself locates syntax errors only). What differs between the two configs plugs in:
 
 - `Hooks`: keys accepted outside the schema and dropped (the trainer's Cosmos-RL keys), renamed keys, mapped
   values; the defaults accept nothing extra.
@@ -47,6 +48,8 @@ class Context:
     """Dropped keys -> their values."""
     given: set[str] = field(default_factory=set)
     """Dotted paths (list indices as `[i]`) of the schema keys that were set."""
+    text: str = ""
+    """The TOML text being built (a file's): errors about a key then name its line."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -301,11 +304,15 @@ class Engine:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             dotted = f"{path}.{key}" if path else key
-            if key not in hints:
-                if self.hooks.drop(dotted, value, ctx):
-                    continue
-                raise self.unknown_key(key, path, cls, ctx)
-            kwargs[key] = self.coerce(self.hooks.map_value(dotted, value, ctx), hints[key], dotted, ctx)
+            try:
+                if key not in hints:
+                    if self.hooks.drop(dotted, value, ctx):
+                        continue
+                    raise self.unknown_key(key, path, cls, ctx)
+                kwargs[key] = self.coerce(self.hooks.map_value(dotted, value, ctx), hints[key], dotted, ctx)
+            except ConfigError as err:
+                _locate(err, dotted, ctx.text)
+                raise
             ctx.given.add(dotted)
         return cls(**kwargs)
 
@@ -375,3 +382,54 @@ def _shallow_match(value: Any, tp: Any) -> bool:
     if is_section(tp):
         return isinstance(value, dict)
     return False
+
+
+# --------------------------------------------------------------------------------------------------------------
+# TOML line of a key (tomllib gives positions for syntax errors only)
+# --------------------------------------------------------------------------------------------------------------
+
+_ARRAY_HEADER = re.compile(r"\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?")
+_TABLE_HEADER = re.compile(r"\[\s*([^\[\]]+?)\s*\]\s*(#.*)?")
+_KEY_VALUE = re.compile(r"""([A-Za-z0-9_\-."' ]+?)\s*=""")
+
+
+def _dotted(name: str) -> str:
+    return ".".join(part.strip().strip("\"'") for part in name.split("."))
+
+
+def key_line(text: str, dotted: str) -> int | None:
+    """The 1-based line of `text` that sets the dotted key `dotted` (list items as `[i]`), or None when no line
+    does (a key inside an inline table is found at the line of its table)."""
+    table, counts = "", {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if (match := _ARRAY_HEADER.fullmatch(stripped)) is not None:
+            name = _dotted(match.group(1))
+            counts[name] = counts.get(name, -1) + 1
+            table = f"{name}[{counts[name]}]"
+        elif (match := _TABLE_HEADER.fullmatch(stripped)) is not None:
+            table = _dotted(match.group(1))
+        elif (match := _KEY_VALUE.match(stripped)) is not None and not stripped.startswith("#"):
+            key = _dotted(match.group(1))
+            full = f"{table}.{key}" if table else key
+            if dotted == full or dotted.startswith((f"{full}.", f"{full}[")):
+                return number
+            continue
+        else:
+            continue
+        if dotted == table:
+            return number
+    return None
+
+
+def _locate(err: ConfigError, dotted: str, text: str) -> None:
+    """Append the TOML line that sets `dotted` to the message of `err`, once (the innermost key wins)."""
+    if getattr(err, "located", False) or not text:
+        return
+    err.located = True  # type: ignore[attr-defined]
+    number = key_line(text, dotted)
+    if number is None or not err.args:
+        return
+    shown = text.splitlines()[number - 1].strip()
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    err.args = (f"{str(err.args[0]).rstrip('.')} (line {number}: `{shown}`).", *err.args[1:])

@@ -75,7 +75,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> LoadedConfig
 
 def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = "<string>") -> LoadedConfig:
     """Like `load_config` but from TOML text; `source` only names the text in messages."""
-    ctx = Context(where=str(source))
+    ctx = Context(where=str(source), text=text)
     cfg = ENGINE.build(ENGINE.parse_toml(text, ctx.where), ctx)
     if isinstance(source, Path):  # relative input paths: the preset's against its file (presets.py)
         cfg = anchor_paths(cfg, anchor_dir(source))
