@@ -277,7 +277,7 @@ class _Messages(Messages):
         return ConfigError(f"{where}: `{key}` = {value!r} must be one of {' | '.join(map(str, allowed))}.")
 
 
-ENGINE = Engine(ServiceConfig, messages=_Messages())
+ENGINE = Engine(ServiceConfig, messages=_Messages(), unknown_first=True)
 """The config engine of the trainer (`sanarl.config.engine`) on this file's schema, with the service's wording."""
 
 

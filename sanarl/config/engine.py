@@ -282,10 +282,19 @@ class Messages:
 class Engine:
     """Builds dataclass trees of schema `root` from TOML, strictly; `hooks` and `messages` as described above."""
 
-    def __init__(self, root: type, hooks: Hooks | None = None, messages: Messages | None = None) -> None:
+    def __init__(
+        self,
+        root: type,
+        hooks: Hooks | None = None,
+        messages: Messages | None = None,
+        unknown_first: bool = False,
+    ) -> None:
         self.root = root
         self.hooks = hooks or Hooks()
         self.messages = messages or Messages()
+        self.unknown_first = unknown_first
+        """Report a table's unknown keys (the first by name) before checking any of its values, the reward
+        service's order (for a config whose hooks drop no keys); otherwise keys are checked in file order."""
 
     def parse_toml(self, text: str, where: str) -> dict[str, Any]:
         """Parse TOML text; a syntax error becomes `messages.malformed_toml`."""
@@ -301,6 +310,9 @@ class Engine:
             raise self.messages.wrong_type(path, cls, data, ctx.where)
         data = self.hooks.rename_keys(data, path, ctx)
         hints = field_types(cls)
+        unknown = sorted(key for key in data if key not in hints) if self.unknown_first else []
+        if unknown:
+            raise self.unknown_key(unknown[0], path, cls, ctx)
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             dotted = f"{path}.{key}" if path else key
