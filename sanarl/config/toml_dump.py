@@ -15,10 +15,9 @@ _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f
 
 
 def dump(obj: Any) -> str:
-    """The dataclass tree `obj` as TOML: one `[section]` per field of the root (each a dataclass)."""
+    """The dataclass tree `obj` as TOML: its plain keys first, then one `[section]` per sub-dataclass."""
     lines: list[str] = []
-    for f in fields(obj):
-        _emit_table(getattr(obj, f.name), f.name, lines, array=False)
+    _emit_table(obj, "", lines, array=False)
     return "\n".join(lines) + "\n"
 
 
@@ -63,10 +62,12 @@ def toml_value(value: Any) -> str:
 
 
 def _emit_table(obj: Any, path: str, lines: list[str], array: bool) -> None:
-    """Append `[path]` (or `[[path]]`) with the scalar fields of dataclass `obj`, then its sub-sections."""
-    if lines:
-        lines.append("")
-    lines.append(f"[[{path}]]" if array else f"[{path}]")
+    """Append `[path]` (or `[[path]]`; no header at the root) with the scalar fields of dataclass `obj`, then its
+    sub-sections."""
+    if path:
+        if lines:
+            lines.append("")
+        lines.append(f"[[{path}]]" if array else f"[{path}]")
     tables: list[tuple[str, Any]] = []
     arrays: list[tuple[str, list[Any]]] = []
     for f in fields(obj):
@@ -79,8 +80,9 @@ def _emit_table(obj: Any, path: str, lines: list[str], array: bool) -> None:
             arrays.append((f.name, value))
         else:
             lines.append(f"{f.name} = {toml_value(value)}")
+    prefix = f"{path}." if path else ""
     for name, value in tables:
-        _emit_table(value, f"{path}.{name}", lines, array=False)
+        _emit_table(value, f"{prefix}{name}", lines, array=False)
     for name, items in arrays:
         for item in items:
-            _emit_table(item, f"{path}.{name}", lines, array=True)
+            _emit_table(item, f"{prefix}{name}", lines, array=True)

@@ -59,7 +59,7 @@ def test_errors_about_a_key_of_a_file_quote_its_line() -> None:
     text = '[train]\nepoch = 1\n[[train.train_policy.remote_reward.reward_fns]]\nname = "a"\n'
     with pytest.raises(ConfigError, match=r"Change the value of `train.epoch` \(line 2: `epoch = 1.5`\)\.$"):
         loads_config(text.replace("epoch = 1", "epoch = 1.5"), source="p.toml")
-    with pytest.raises(ConfigError, match=r"remove it \(line 5: `nme = 2`\)\.$"):
+    with pytest.raises(ConfigError, match=r"remove it \(line 6: `nme = 2`\)\.$"):
         loads_config(text + "[[train.train_policy.remote_reward.reward_fns]]\nnme = 2\n", source="p.toml")
     with pytest.raises(ConfigError, match=r"'sol_rl' \(line 2: `rollout.family = \"sol\"`\)\.$"):
         loads_config('# a dotted key at the top level\nrollout.family = "sol"\n' + text, source="p.toml")
