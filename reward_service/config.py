@@ -3,13 +3,14 @@
 
 Key names follow Cosmos-RL's reward service (`host`, `port`, `[[reward_args]]` with `reward_type`, `enable`,
 `model_path`, `dtype`) so its users recognise them; sanarl adds the limits, the worker pool and the embedded
-Redis. Unknown keys are errors with a did-you-mean; every error is a `ConfigError` (exit code 2) naming the key
-and the file. Loading imports neither torch nor any reward: `build_rewards` (in `rewards_setup.py`) does that.
+Redis. It is built by the trainer's strict config engine (`sanarl.config.engine`: unknown keys are errors with a
+did-you-mean, values have their field's type, choices are `Literal` types), worded as `<file>: <key> ...`; every
+error is a `ConfigError` (exit code 2) naming the key and the file. Loading imports neither torch nor any reward:
+`build_rewards` (in `rewards_setup.py`) does that.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
@@ -17,8 +18,10 @@ import sys
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_args, get_origin
 
+from sanarl.config.choices import Fsync, LogLevel, VideoReduction
+from sanarl.config.engine import Context, Engine, Messages, base_type, is_section, list_item
 from sanarl.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -30,7 +33,7 @@ TOKEN_ENV = "REMOTE_REWARD_TOKEN"
 """Environment variable holding the bearer token when the config's `token` is empty (the trainer reads it too)."""
 REWARD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 """Reward names the service accepts (registry names such as `jpeg_compressibility`, `dance_grpo`)."""
-VIDEO_REDUCTIONS = ("mean", "min", "max", "median")
+VIDEO_REDUCTIONS = get_args(VideoReduction)
 """How per-frame scores of a clip are reduced (`sanarl.rewards.video.REDUCTIONS`)."""
 
 
@@ -42,7 +45,7 @@ class RedisConfig:
     """Port on 127.0.0.1 (0 = a free port chosen at start)."""
     persistence: bool = True
     """Append-only file on: queued tasks survive a restart of redis-server (the service restarts it if it dies)."""
-    fsync: str = "everysec"
+    fsync: Fsync = "everysec"
     """appendfsync policy: always (no loss even on a crash of redis-server, slower) | everysec | no."""
     data_dir: str = ""
     """Directory of the append-only file ("" = a temporary directory removed when the service stops)."""
@@ -134,7 +137,7 @@ class RewardArgs:
     """Other keyword options of the reward (e.g. `{ batch_size = 16 }`)."""
     video_frame_stride: int = 1
     """Videos: score every N-th frame with this (image) reward, unless the request's `reward_fn` says otherwise."""
-    video_frame_reduction: str = "mean"
+    video_frame_reduction: VideoReduction = "mean"
     """Videos: per-frame scores -> one score per clip by mean | min | max | median, unless the request says
     otherwise."""
 
@@ -169,7 +172,7 @@ class ServiceConfig:
     plugins: list[str] = field(default_factory=list)
     """Modules or .py files imported before rewards are built (they register rewards with
     `@sanarl.rewards.register`)."""
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     """Log level of the service and its workers: debug | info | warning | error."""
     redis: RedisConfig = field(default_factory=RedisConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -228,62 +231,11 @@ def load_service_config(path: str | Path) -> ServiceConfig:
 
 def loads_service_config(text: str, source: str = "<string>") -> ServiceConfig:
     """Parse a rewards.toml given as text (see `load_service_config`)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}. Fix the syntax at that line.") from None
-    config = _build(ServiceConfig, data, "", source)
+    ctx = Context(where=source)
+    config = ENGINE.build(ENGINE.parse_toml(text, source), ctx)
     config.source = source
     _check(config)
     return config
-
-
-def _fields(cls: type) -> dict[str, Any]:
-    hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-
-
-def _build(cls: type, data: Any, path: str, source: str) -> Any:
-    """Build dataclass `cls` from a TOML table, rejecting unknown keys and wrong types."""
-    label = path.rstrip(".") or "the top level"
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: `{label}` must be a table, got {_kind(data)}.")
-    fields = _fields(cls)
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        key = unknown[0]
-        close = difflib.get_close_matches(key, list(fields), n=1)
-        hint = f" Did you mean `{path}{close[0]}`?" if close else ""
-        raise ConfigError(
-            f"{source}: unknown key `{path}{key}` in {label}.{hint} Valid keys: {', '.join(fields)}."
-        )
-    values = {
-        name: _value(data[name], tp, f"{path}{name}", source) for name, tp in fields.items() if name in data
-    }
-    return cls(**values)
-
-
-def _value(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Check one TOML value against a field type (int is accepted for float)."""
-    origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key + ".", source)
-    if origin is list:
-        (item,) = get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"{source}: `{key}` must be an array, got {_kind(value)}.")
-        return [_value(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(
-                f"{source}: `{key}` must be a table (e.g. `{{ batch_size = 16 }}`), got {_kind(value)}."
-            )
-        return dict(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
-        raise ConfigError(f"{source}: `{key}` must be {tp.__name__}, got {_kind(value)} {value!r}.")
-    return value
 
 
 def _kind(value: Any) -> str:
@@ -292,24 +244,53 @@ def _kind(value: Any) -> str:
     )
 
 
+class _Messages(Messages):
+    """The reward service's wording of the engine's errors: `<file>: <key> must be ...`."""
+
+    def malformed_toml(self, where: str, err: tomllib.TOMLDecodeError, text: str) -> ConfigError:
+        return ConfigError(f"{where} is not valid TOML: {err}. Fix the syntax at that line.")
+
+    def unknown_key(
+        self, key: str, path: str, names: list[str], root: type, where: str, more: list[str]
+    ) -> ConfigError:
+        prefix = f"{path}." if path else ""
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f" Did you mean `{prefix}{close[0]}`?" if close else ""
+        return ConfigError(
+            f"{where}: unknown key `{prefix}{key}` in {path or 'the top level'}.{hint} Valid keys: {', '.join(names)}."
+        )
+
+    def wrong_type(self, key: str, tp: Any, value: Any, where: str, override: bool = False) -> ConfigError:
+        if is_section(tp):
+            return ConfigError(f"{where}: `{key or 'the top level'}` must be a table, got {_kind(value)}.")
+        if list_item(tp) is not None:
+            return ConfigError(f"{where}: `{key}` must be an array, got {_kind(value)}.")
+        if get_origin(tp) is dict:
+            return ConfigError(
+                f"{where}: `{key}` must be a table (e.g. `{{ batch_size = 16 }}`), got {_kind(value)}."
+            )
+        return ConfigError(
+            f"{where}: `{key}` must be {base_type(tp).__name__}, got {_kind(value)} {value!r}."
+        )
+
+    def bad_choice(self, key: str, value: Any, allowed: tuple[Any, ...], where: str) -> ConfigError:
+        return ConfigError(f"{where}: `{key}` = {value!r} must be one of {' | '.join(map(str, allowed))}.")
+
+
+ENGINE = Engine(ServiceConfig, messages=_Messages(), unknown_first=True)
+"""The config engine of the trainer (`sanarl.config.engine`) on this file's schema, with the service's wording."""
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
 
 
 def _check(cfg: ServiceConfig) -> None:
-    """Cross-field checks: ranges, names, at least one enabled reward."""
+    """Cross-field checks: ranges, names, at least one enabled reward (the engine checked the choices)."""
     src = cfg.source
     _require(0 < cfg.port < 65536, f"{src}: `port` = {cfg.port} must be in 1..65535.")
     _require(0 <= cfg.redis.port < 65536, f"{src}: `redis.port` = {cfg.redis.port} must be in 0..65535.")
-    _require(
-        cfg.redis.fsync in ("always", "everysec", "no"),
-        f"{src}: `redis.fsync` = {cfg.redis.fsync!r} must be always | everysec | no.",
-    )
-    _require(
-        cfg.log_level in ("debug", "info", "warning", "error"),
-        f"{src}: `log_level` = {cfg.log_level!r} must be debug | info | warning | error.",
-    )
     _require(bool(cfg.redis_prefix), f'{src}: `redis_prefix` must not be empty (e.g. "sanarl:reward:").')
     _check_limits(cfg.limits, src)
     w = cfg.workers
@@ -349,11 +330,6 @@ def _check_reward_args(cfg: ServiceConfig) -> None:
         _require(
             entry.video_frame_stride >= 1,
             f"{src}: `reward_args[{i}].video_frame_stride` = {entry.video_frame_stride} must be >= 1.",
-        )
-        _require(
-            entry.video_frame_reduction in VIDEO_REDUCTIONS,
-            f"{src}: `reward_args[{i}].video_frame_reduction` = {entry.video_frame_reduction!r} must be one of "
-            f"{' | '.join(VIDEO_REDUCTIONS)}.",
         )
         names.append(entry.reward_type)
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -10,8 +10,29 @@ Precedence: `--set` overrides > preset file > these defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
+from sanarl.config.choices import (
+    AdvMode,
+    Dtype,
+    GuardAction,
+    GuardWorse,
+    LevelGrid,
+    Logger,
+    OdeSolver,
+    Optimizer,
+    PreviewPrecision,
+    RolloutBackend,
+    RolloutFamily,
+    Selection,
+    SoarRolloutType,
+    Solver,
+    TaskType,
+    VaeLatents,
+    VideoReduction,
+    WeightCopyDecay,
+    Weighting,
+)
 from sanarl.errors import ConfigError
 
 
@@ -46,14 +67,14 @@ class SampleConfig:
     """Classifier-free guidance weight w (v = v_u + w (v_c - v_u)); 1.0 = CFG off (one forward per step)."""
     noise_level: float = 0.0
     """eta of the SDE / CPS samplers (0 = deterministic ODE)."""
-    solver: str = "euler"
+    solver: Solver = "euler"
     """euler | dpm2 (DPM-Solver++ 2M on x0) | flow_sde | cps."""
     deterministic_sampling: bool = True
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
     # --- evaluation sampler (exactness, issue 16) ---
-    eval_solver: str | None = None
+    eval_solver: OdeSolver | None = None
     """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
     references evaluate): euler | dpm2; None = `solver` when it is an ODE solver, else euler."""
 
@@ -74,7 +95,7 @@ class DiffusersConfig:
     """Frames per training clip (video); 41 is Cosmos-RL's default, which its SANA-Video recipes keep."""
     inference_frames: int = 41
     """Frames per generated clip (video); 41 as Cosmos-RL."""
-    weighting_scheme: str = "logit_normal"
+    weighting_scheme: Weighting = "logit_normal"
     """Timestep density for SFT: logit_normal | mode | uniform | sigma_sqrt | cosmap."""
     logit_mean: float = 0.0
     """Mean of the logit-normal density."""
@@ -86,9 +107,9 @@ class DiffusersConfig:
     """Fraction of the rollout grid levels trained per sample (NFT). Cosmos-RL's `timestep_fraction` is an alias."""
     nft_beta: float = 1.0
     """DiffusionNFT beta (mixing of the trained and old velocities)."""
-    weight_copy_decay_type: int = 1
+    weight_copy_decay_type: WeightCopyDecay = 1
     """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
     # --- frozen LoRA base (flux, issue 22) ---
     frozen_base_float32: bool = False
@@ -100,7 +121,7 @@ class DiffusersConfig:
     caption_dropout: float = 0.0
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
     # --- exactness (issue 16) ---
-    vae_latents: str = "sample"
+    vae_latents: VaeLatents = "sample"
     """Training latents of a VAE with a posterior (SD3): "sample" draws z = mean + std eps with eps from the step's
     seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
@@ -127,23 +148,23 @@ class PolicyConfig:
 class RolloutConfig:
     """`[rollout]`: generation for RL tasks."""
 
-    backend: str = "diffusers"
+    backend: RolloutBackend = "diffusers"
     """Generation engine (only "diffusers": sanarl's own sampling loop on the diffusers model)."""
     n_generation: int = 8
     """Group size K: images per prompt."""
     batch_size: int = 8
     """Images generated per forward pass."""
-    family: str = "diffusionnft"
+    family: RolloutFamily = "diffusionnft"
     """Sol-RL rollout family: diffusionnft (K per prompt) | naive_scaling (M drafts, keep K) | compile (M drafts from
     a torch.compile'd merged copy, keep K) | naive_quant (M drafts from a quantized copy, keep K) | sol_rl
     (quantized preview of M drafts at preview_step steps, keep K seeds, regenerate them at full precision)."""
     num_candidates: int = 0
     """M: drafts per prompt for the multi-candidate families (0 = n_generation, i.e. no search)."""
-    selection: str = "best_worst"
+    selection: Selection = "best_worst"
     """How K of M drafts are kept: best_worst | random | mean_deviation | extremes_random."""
     preview_step: int = 6
     """Sampling steps of the sol_rl preview stage."""
-    preview_precision: str = "fp8"
+    preview_precision: PreviewPrecision = "fp8"
     """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine) | fp8 (sm_89+ GPUs: transformer-engine,
     else torch-native FP8) | int8 (CPU: dynamic int8 linear layers) | auto (the best of those the machine has) | bf16
     (no quantization: the preview is cheaper by its step count only). Backends: sanarl/training/quantize.py."""
@@ -198,7 +219,7 @@ class RemoteRewardConfig:
     reward_clip_max: float | None = None
     video_frame_stride: int = 1
     """Video rewards: score every N-th frame with the image reward."""
-    video_frame_reduction: str = "mean"
+    video_frame_reduction: VideoReduction = "mean"
     """Video rewards: how per-frame scores become one score per clip: mean | min | max | median."""
 
 
@@ -214,7 +235,7 @@ class SoarConfig:
     """P: auxiliary points per path."""
     num_sampling_steps: int = 40
     """The one-step rollout moves by 1 / num_sampling_steps in t."""
-    sde_rollout_type: str = "flow_sde"
+    sde_rollout_type: SoarRolloutType = "flow_sde"
     """Stochastic path step: simple | sde | flow_sde | cps."""
     sde_noise_scale: float = 0.5
     """Noise scale (eta) of the stochastic paths."""
@@ -226,7 +247,7 @@ class SoarConfig:
     boundary_aux_points: bool = True
     """Samples at the t1 = 0 boundary keep the ODE path's auxiliary points, as HY-SOAR; false drops them (their
     targets (z' - z0) / s' divide the rollout error by s' near 0; docs/algorithms.md, "SOAR")."""
-    level_grid: str = "scheduler_table"
+    level_grid: LevelGrid = "scheduler_table"
     """How s0 and s1 are read off u and t1: scheduler_table (HY-SOAR: the scheduler's 1000-level sigma table at
     index trunc((1 - t) 1000)) | continuous (s = shift(t); docs/algorithms.md, "Deliberate differences")."""
 
@@ -235,10 +256,11 @@ class SoarConfig:
 class TrainPolicyConfig:
     """`[train.train_policy]`: the task."""
 
-    type: str = "sft"
+    type: TaskType = "sft"
     """sft | grpo (Cosmos-RL's name for all reward-based RL)."""
     trainer_type: str = ""
-    """For grpo: diffusion_nft | flow_grpo; for sft: "" (plain SFT) | soar."""
+    """The method of the task type: for grpo diffusion_nft | flow_grpo; for sft "" (plain SFT) | soar (the method
+    registry's table, sanarl/methods/registry.py)."""
     mini_batch: int = 1
     """Micro-batch size per forward/backward pass."""
     kl_beta: float = 0.0
@@ -247,7 +269,7 @@ class TrainPolicyConfig:
     """Advantage clip lower bound."""
     advantage_high: float = 5.0
     """Advantage clip upper bound."""
-    adv_mode: str = "all"
+    adv_mode: AdvMode = "all"
     """DiffusionNFT advantage transform: all | positive_only | negative_only | one_only | binary."""
     global_std: bool = True
     """Normalise advantages by the std of all rewards of the iteration (true) or of each prompt group (false)."""
@@ -300,7 +322,7 @@ class TrainConfig:
     output_dir: str = "./outputs/run"
     resume: bool | str = False
     """false, true (newest checkpoint in output_dir) or a checkpoint path."""
-    optm_name: str = "AdamW"
+    optm_name: Optimizer = "AdamW"
     optm_lr: float = 1e-4
     optm_impl: str = "foreach"
     optm_weight_decay: float = 0.01
@@ -313,7 +335,7 @@ class TrainConfig:
     ema_enable: bool = False
     ema_decay: float = 0.9
     ema_update_step_interval: int = 1
-    param_dtype: str = "float32"
+    param_dtype: Dtype = "float32"
     """Mixed precision of the trained model: float32 | bfloat16 | float16."""
     compile: bool = False
     max_num_steps: int | None = None
@@ -327,9 +349,9 @@ class TrainConfig:
 
 # --- reward-hacking alarm: [validation.guard] (sanarl/training/guard.py; docs/shapes.md, "Reward-hacking alarm") ---
 
-GUARD_WORSE = ("higher", "lower")
+GUARD_WORSE = get_args(GuardWorse)
 """`worse` of a guard metric: the direction in which it worsens."""
-GUARD_ACTIONS = ("log", "stop")
+GUARD_ACTIONS = get_args(GuardAction)
 """`action` of the guard: log the alarm and go on, or stop the run and export the best checkpoint by the guard."""
 GUARD_IMAGE_STATS = ("brightness", "saturation")
 """Image statistics of the validation samples the guard can watch as `heldout/image/<name>`."""
@@ -342,7 +364,7 @@ class GuardMetricConfig:
     key: str = ""
     """`heldout/<reward>/<key>` (a `validation.held_out_rewards` reward's key, e.g. `heldout/shapes/extra`: objects
     beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation)."""
-    worse: str = "higher"
+    worse: GuardWorse = "higher"
     """higher | lower: the direction in which the metric worsens."""
     margin: float = 0.0
     """Alarm when the metric is worse than its best validation value by more than this (metric units, >= 0)."""
@@ -360,18 +382,15 @@ class GuardConfig:
     guard metrics alone."""
     min_trained_rise: float = 0.0
     """The trained reward "rises" when it exceeds its value at the guard's best validation by more than this."""
-    action: str = "log"
+    action: GuardAction = "log"
     """log: record the alarm and grids, go on; stop: stop at that validation and export the best checkpoint by the
     guard (rollback), exit code 0."""
 
     def check(self, validation: ValidationConfig) -> None:
-        """Raise ConfigError naming the key and the fix on an invalid guard (a choice is checked even while the
-        guard is off, so a typo does not wait for the run that turns it on)."""
+        """Raise ConfigError naming the key and the fix on an invalid guard. `action` and `worse` are checked from
+        their types by the config engine, even while the guard is off, so a typo does not wait for the run that
+        turns it on."""
         where = "validation.guard"
-        if self.action not in GUARD_ACTIONS:
-            raise ConfigError(
-                f"`{where}.action` = {self.action!r} is not supported; set it to one of {GUARD_ACTIONS}."
-            )
         if not self.enable:
             return
         if not validation.enable:
@@ -402,10 +421,6 @@ class GuardConfig:
                 f"`{where}.key` = {m.key!r} is not a guard metric; use `heldout/<reward>/<key>` (a reward of "
                 f"`validation.held_out_rewards`) or `heldout/image/<stat>` with stat one of {GUARD_IMAGE_STATS}."
             )
-        if m.worse not in GUARD_WORSE:
-            raise ConfigError(
-                f"`{where}.worse` = {m.worse!r} is not supported; set it to one of {GUARD_WORSE}."
-            )
         if not m.margin >= 0:
             raise ConfigError(f"`{where}.margin` = {m.margin!r} is out of range; it must be >= 0.")
 
@@ -432,7 +447,7 @@ class ValidationConfig:
 class LoggingConfig:
     """`[logging]`."""
 
-    logger: list[str] = field(default_factory=lambda: ["console"])
+    logger: list[Logger] = field(default_factory=lambda: ["console"])
     """Any of console | wandb | tensorboard."""
     project_name: str = "sanarl"
     experiment_name: str = ""

@@ -2,8 +2,54 @@
 
 from __future__ import annotations
 
+from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
+
+
+def check_group_rl(cfg: Config) -> None:
+    """Prompt groups of K >= 2 that split the batch, a rollout batch, at least one reward, the rollout family's
+    settings (reward threads, M >= K drafts, the preview step) and the advantage clip C > 0."""
+    tp = cfg.train.train_policy
+    k, batch = cfg.rollout.n_generation, cfg.train.train_batch_per_replica
+    at_least(k, "rollout.n_generation", 2)
+    require(
+        batch % k == 0,
+        f"train.train_batch_per_replica = {batch} is not a multiple of rollout.n_generation = {k} (the group "
+        f"size); set train.train_batch_per_replica to a multiple of {k} or choose an n_generation that divides it.",
+    )
+    at_least(cfg.rollout.batch_size, "rollout.batch_size", 1)
+    require(
+        len(tp.remote_reward.reward_fns) > 0,
+        "train.train_policy.type = 'grpo' needs a reward: add at least one "
+        '[[train.train_policy.remote_reward.reward_fns]] table with name = "..." and weight = 1.0.',
+    )
+
+
+def check_rollout_family(cfg: Config) -> None:
+    """Sol-RL rollout families: reward threads, the draft count M >= K, the preview step; then the advantage clip."""
+    ro = cfg.rollout
+    at_least(ro.reward_workers, "rollout.reward_workers", 0)
+    at_least(ro.reward_deadline_s, "rollout.reward_deadline_s", 0, strict=True)
+    m, k = ro.num_candidates, ro.n_generation
+    if ro.family != "diffusionnft":
+        require(
+            m >= k,
+            f"rollout.family = {ro.family!r} searches over rollout.num_candidates = M drafts per prompt and keeps "
+            f"rollout.n_generation = {k}; set num_candidates >= {k} (Sol-RL uses 4 x K, e.g. {4 * k}).",
+        )
+    if ro.family == "sol_rl":
+        steps = cfg.policy.diffusers.sample.num_steps
+        require(
+            1 <= ro.preview_step <= steps,
+            f"rollout.preview_step = {ro.preview_step} must be between 1 and policy.diffusers.sample.num_steps = "
+            f"{steps} (Sol-RL previews at 6 of 10 steps).",
+        )
+    adv_high = cfg.train.train_policy.advantage_high
+    require(
+        adv_high > 0,
+        f"train.train_policy.advantage_high = {adv_high} must be > 0 (it is DiffusionNFT's adv_clip_max C).",
+    )
 
 
 def check_steps_per_rollout(cfg: Config) -> None:

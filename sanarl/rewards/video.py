@@ -9,13 +9,14 @@ with its clip's prompt and metadata) and reducing the per-frame scores of each c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
+from sanarl.config.choices import VideoReduction
 from sanarl.rewards.base import Reward, RewardInputError
 
-REDUCTIONS = ("mean", "min", "max", "median")
+REDUCTIONS: tuple[str, ...] = get_args(VideoReduction)
 
 
 def frames_as_images(videos: torch.Tensor, stride: int = 1) -> tuple[torch.Tensor, int]:

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from sanarl.config import cosmos_rl, loads_config, resolve_plugin
-from sanarl.config.loader import _hints, _section_cls, dump_toml
+from sanarl.config.engine import field_types as _hints
+from sanarl.config.engine import section_class as _section_cls
+from sanarl.config.loader import dump_toml
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, PluginError
 
@@ -144,7 +146,8 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _toml(tree: dict[str, Any]) -> str:
-    from sanarl.config.loader import _toml_key, _toml_value
+    from sanarl.config.toml_dump import toml_key as _toml_key
+    from sanarl.config.toml_dump import toml_value as _toml_value
 
     lines: list[str] = []
 

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.methods.group_config import check_steps_per_rollout, rollouts_for
+from sanarl.methods.group_config import (
+    check_group_rl,
+    check_rollout_family,
+    check_steps_per_rollout,
+    rollouts_for,
+)
 
 STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
@@ -29,15 +34,18 @@ def view(cfg: Config) -> FlowGRPOView:
 
 
 def validate(cfg: Config) -> None:
-    """Flow-GRPO's own settings (the loader checks solver and noise_level); ConfigError naming key and fix."""
+    """Flow-GRPO's cross-field checks (ConfigError naming the key and the fix), in the order they report."""
+    check_group_rl(cfg)
     tp, sample, ro = cfg.train.train_policy, cfg.policy.diffusers.sample, cfg.rollout
     n = sample.num_steps
+    # its rollouts must be stochastic, so that their steps have log-probabilities
     if sample.solver not in STOCHASTIC_SOLVERS or sample.noise_level <= 0:
         raise ConfigError(
             f"flow_grpo needs stochastic rollouts with log-probabilities, but policy.diffusers.sample.solver = "
             f"{sample.solver!r} and noise_level = {sample.noise_level}; set solver = 'flow_sde' (or 'cps') and "
             "noise_level > 0 (e.g. 0.7)."
         )
+    check_rollout_family(cfg)
     if tp.clip_range <= 0 or tp.ratio_warn_tolerance < 0:
         raise ConfigError(
             f"train.train_policy.clip_range = {tp.clip_range} must be > 0 and ratio_warn_tolerance = "

@@ -47,7 +47,6 @@ from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cps_step, flow_sde_step
-from sanarl.methods.flow_grpo.config import validate
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
     sample_trajectories,
@@ -98,7 +97,6 @@ class FlowGRPOTask(GroupRLTask):
     lora_names = ("default",)
 
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
-        validate(cfg)
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         tp, w = cfg.train.train_policy, cfg.policy.diffusers.sample.guidance_scale
         if w != 1.0 and not tp.cfg_in_training:
@@ -278,9 +276,8 @@ class FlowGRPOTask(GroupRLTask):
 
     @staticmethod
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
-        """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (after
-        Flow-GRPO's own config checks, so `sanarl validate` reports them too)."""
-        validate(cfg)
+        """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (the
+        config has passed Flow-GRPO's `validate` at load)."""
         tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
         k, bpr, mb, n = (
             cfg.rollout.n_generation,

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.methods.group_config import check_steps_per_rollout, rollouts_for
+from sanarl.methods.group_config import (
+    check_group_rl,
+    check_rollout_family,
+    check_steps_per_rollout,
+    rollouts_for,
+)
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,29 @@ def view(cfg: Config) -> NFTView:
 
 
 def validate(cfg: Config) -> None:
-    """DiffusionNFT's own cross-field checks (ConfigError naming the key and the fix)."""
-    if view(cfg).lora is None:
+    """DiffusionNFT's cross-field checks (ConfigError naming the key and the fix), in the order they report."""
+    check_group_rl(cfg)
+    v = view(cfg)
+    at_least(v.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
+    # exactness: DiffusionNFT clips symmetrically at C = advantage_high; a separate lower bound is not honoured
+    tp = v.train_policy
+    require(
+        tp.advantage_low == -tp.advantage_high,
+        f"train.train_policy.advantage_low = {tp.advantage_low} has no effect for diffusion_nft, which clips "
+        f"advantages to [-C, C] with C = advantage_high = {tp.advantage_high} (DiffusionNFT's adv_clip_max); "
+        f"set advantage_low = {-tp.advantage_high} (or use adv_mode = 'positive_only' for A >= 0).",
+    )
+    check_rollout_family(cfg)
+    if v.lora is None:
         raise ConfigError(
             "trainer_type = 'diffusion_nft' trains a LoRA adapter against an 'old' one; add a [policy.lora] "
             'table (e.g. r = 4, lora_alpha = 4, lora_names = ["default", "old"]).'
         )
+    require(
+        "old" in v.lora.lora_names,
+        f'`policy.lora.lora_names` = {v.lora.lora_names!r} lacks "old": DiffusionNFT keeps its behaviour policy in '
+        'an adapter named "old"; set lora_names = ["default", "old"].',
+    )
     check_steps_per_rollout(cfg)
 
 

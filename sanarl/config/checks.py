@@ -1,0 +1,194 @@
+"""The generic cross-field checks of the trainer config: ranges and consistency that every method shares.
+
+Each raises `ConfigError` naming the key and the fix. The choices of Literal fields are checked from their types
+by the engine (`engine.Engine.check_choices`); the checks that concern one method are its `validate(cfg)` (sanarl/methods/<method>/config.py), run through `methods.validate_method`. The
+order in which `loader.check_config` runs them is the order in which errors are reported.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sanarl.config.methods import trainer_types
+from sanarl.config.schema import Config
+from sanarl.errors import ConfigError
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def at_least(value: float, key: str, low: float, strict: bool = False) -> None:
+    ok = value > low if strict else value >= low
+    bound = f"> {low}" if strict else f">= {low}"
+    require(ok and not math.isnan(value), f"`{key}` = {value!r} is out of range; it must be {bound}.")
+
+
+def in_unit(value: float, key: str, low_open: bool, high_open: bool) -> None:
+    ok = (value > 0 if low_open else value >= 0) and (value < 1 if high_open else value <= 1)
+    interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+    require(ok, f"`{key}` = {value!r} is out of range; it must lie in {interval}.")
+
+
+def check_rewards(cfg: Config) -> None:
+    """`[train.train_policy.remote_reward]`: named entries, clip ranges, the video frame stride."""
+    rr = cfg.train.train_policy.remote_reward
+    base = "train.train_policy.remote_reward"
+    for i, fn in enumerate(rr.reward_fns):
+        require(
+            bool(fn.name.strip()),
+            f"`{base}.reward_fns[{i}].name` is empty; give each [[{base}.reward_fns]] entry a reward name, "
+            'e.g. name = "pickscore".',
+        )
+        if fn.clip_min is not None and fn.clip_max is not None:
+            require(
+                fn.clip_min < fn.clip_max,
+                f"`{base}.reward_fns[{i}]` ({fn.name}): clip_min = {fn.clip_min} must be below clip_max = "
+                f"{fn.clip_max}; fix or remove one of them.",
+            )
+    at_least(rr.video_frame_stride, f"{base}.video_frame_stride", 1)
+    if rr.reward_clip_min is not None and rr.reward_clip_max is not None:
+        require(
+            rr.reward_clip_min < rr.reward_clip_max,
+            f"`{base}.reward_clip_min` = {rr.reward_clip_min} must be below reward_clip_max = "
+            f"{rr.reward_clip_max}; fix or remove one of them.",
+        )
+
+
+def check_lora(cfg: Config) -> None:
+    """`[policy.lora]` when present: rank, scale, dropout, the adapter names."""
+    lora = cfg.policy.lora
+    if lora is None:
+        return
+    at_least(lora.r, "policy.lora.r", 1)
+    at_least(lora.lora_alpha, "policy.lora.lora_alpha", 0, strict=True)
+    in_unit(lora.lora_dropout, "policy.lora.lora_dropout", low_open=False, high_open=True)
+    names = lora.lora_names
+    require(
+        "default" in names and len(set(names)) == len(names),
+        f'`policy.lora.lora_names` = {names!r} must contain "default" (the trained adapter) with no duplicates; '
+        'set lora_names = ["default"] (SFT) or ["default", "old"] (DiffusionNFT).',
+    )
+
+
+def check_diffusers(cfg: Config) -> None:
+    """`[policy.diffusers]` and its `[sample]` table."""
+    d = cfg.policy.diffusers
+    in_unit(d.timesteps_fraction, "policy.diffusers.timesteps_fraction", low_open=True, high_open=False)
+    require(
+        len(d.inference_size) == 2 and all(v > 0 for v in d.inference_size),
+        f"`policy.diffusers.inference_size` = {d.inference_size!r} must be [height, width] with two positive "
+        "integers, e.g. [1024, 1024].",
+    )
+    in_unit(d.caption_dropout, "policy.diffusers.caption_dropout", low_open=False, high_open=False)
+    at_least(d.logit_std, "policy.diffusers.logit_std", 0, strict=True)
+    at_least(d.max_prompt_length, "policy.diffusers.max_prompt_length", 1)
+    if d.is_video:
+        at_least(d.train_frames, "policy.diffusers.train_frames", 1)
+        at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)
+    s = d.sample
+    at_least(s.num_steps, "policy.diffusers.sample.num_steps", 1)
+    at_least(s.eval_num_steps, "policy.diffusers.sample.eval_num_steps", 1)
+    at_least(s.guidance_scale, "policy.diffusers.sample.guidance_scale", 0)
+    at_least(s.noise_level, "policy.diffusers.sample.noise_level", 0)
+    if s.flow_shift is not None:
+        at_least(s.flow_shift, "policy.diffusers.sample.flow_shift", 0, strict=True)
+
+
+def check_optimizer(cfg: Config) -> None:
+    """The optimizer and EMA keys of `[train]`."""
+    t = cfg.train
+    at_least(t.optm_lr, "train.optm_lr", 0, strict=True)
+    require(
+        len(t.optm_betas) == 2 and all(0 <= b < 1 for b in t.optm_betas),
+        f"`train.optm_betas` = {t.optm_betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999].",
+    )
+    at_least(t.optm_weight_decay, "train.optm_weight_decay", 0)
+    at_least(t.optm_grad_norm_clip, "train.optm_grad_norm_clip", 0)
+    at_least(t.optm_warmup_steps, "train.optm_warmup_steps", 0)
+    at_least(t.epsilon, "train.epsilon", 0, strict=True)
+    in_unit(t.ema_decay, "train.ema_decay", low_open=False, high_open=True)
+    at_least(t.ema_update_step_interval, "train.ema_update_step_interval", 1)
+
+
+def check_run(cfg: Config) -> None:
+    """Run control: the model, step and time limits, checkpoints, validation (and its guard), logging."""
+    t = cfg.train
+    require(cfg.policy.is_diffusers, "`policy.is_diffusers` = false is not supported; set it to true.")
+    require(
+        bool(cfg.policy.model_name_or_path.strip()),
+        '`policy.model_name_or_path` is empty; set a hub id, a local pipeline dir or "sanarl-tiny:shapes".',
+    )
+    at_least(t.epoch, "train.epoch", 1)
+    if t.max_num_steps is not None:
+        at_least(t.max_num_steps, "train.max_num_steps", 1)
+    if t.max_wall_minutes is not None:
+        at_least(t.max_wall_minutes, "train.max_wall_minutes", 0.0, strict=True)
+    require(
+        bool(t.output_dir.strip()), '`train.output_dir` is empty; set a run directory, e.g. "./outputs/run".'
+    )
+    at_least(t.ckpt.save_freq, "train.ckpt.save_freq", 1)
+    at_least(t.ckpt.max_keep, "train.ckpt.max_keep", 0)
+    if t.ckpt.save_every_minutes is not None:
+        at_least(t.ckpt.save_every_minutes, "train.ckpt.save_every_minutes", 0.0, strict=True)
+    v = cfg.validation
+    at_least(v.freq, "validation.freq", 1)
+    at_least(v.batch_size, "validation.batch_size", 1)
+    at_least(v.num_samples, "validation.num_samples", 1)
+    v.guard.check(v)  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
+    at_least(cfg.logging.log_freq, "logging.log_freq", 1)
+
+
+def warnings(cfg: Config) -> list[str]:
+    """Valid settings that have no effect, whatever the method."""
+    out = []
+    if cfg.validation.val_before_train and not cfg.validation.enable:
+        out.append("validation.val_before_train = true has no effect while validation.enable = false.")
+    return out
+
+
+def check_task(cfg: Config) -> None:
+    """`[train.train_policy]`: the trainer fits the task type; batch sizes, KL weight and advantage clip."""
+    tp = cfg.train.train_policy
+    trainers = trainer_types().get(tp.type, ())
+    require(
+        tp.trainer_type in trainers,
+        f"`train.train_policy.trainer_type` = {tp.trainer_type!r} is not valid for type = {tp.type!r}; set it to "
+        f"one of {', '.join(repr(t) for t in trainers)}"
+        + (' ("" = plain SFT).' if tp.type == "sft" else "."),
+    )
+    at_least(tp.mini_batch, "train.train_policy.mini_batch", 1)
+    at_least(cfg.train.train_batch_per_replica, "train.train_batch_per_replica", 1)
+    batch, mini = cfg.train.train_batch_per_replica, tp.mini_batch
+    examples = " or ".join(str(m) for m in (batch // mini * mini, (batch // mini + 1) * mini) if m > 0)
+    require(
+        batch % mini == 0,
+        f"train.train_batch_per_replica = {batch} is not a multiple of train.train_policy.mini_batch = {mini}; "
+        f"set train.train_batch_per_replica to a multiple of {mini} (e.g. {examples}) or choose a mini_batch "
+        f"that divides {batch}.",
+    )
+    at_least(tp.kl_beta, "train.train_policy.kl_beta", 0)
+    require(
+        tp.advantage_low < tp.advantage_high,
+        f"train.train_policy.advantage_low = {tp.advantage_low} must be below advantage_high = {tp.advantage_high};"
+        " set e.g. advantage_low = -5.0 and advantage_high = 5.0.",
+    )
+
+
+def method_warnings(cfg: Config) -> list[str]:
+    """Valid settings that have no effect for the run's method."""
+    tp = cfg.train.train_policy
+    out = []
+    if tp.type == "sft" and tp.kl_beta > 0:
+        out.append(f"train.train_policy.kl_beta = {tp.kl_beta} has no effect for SFT; it is ignored.")
+    if tp.type == "sft" and (tp.use_remote_reward or tp.remote_reward.reward_fns):
+        out.append(
+            "train.train_policy.remote_reward / use_remote_reward have no effect for SFT; they are ignored."
+        )
+    if tp.trainer_type == "flow_grpo" and cfg.policy.diffusers.sample.deterministic_sampling:
+        out.append(
+            "policy.diffusers.sample.deterministic_sampling = true has no effect for flow_grpo, whose rollouts "
+            "always use the stochastic `solver`."
+        )
+    return out

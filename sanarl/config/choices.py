@@ -1,0 +1,63 @@
+"""The allowed values of the config's choice fields, declared once as `typing.Literal` types.
+
+The schemas (`schema.py`, `reward_service/config.py`) annotate their fields with these; the config engine
+(`engine.py`) checks a value against the Literal of its field when a file is read, when `--set` changes it and in
+`check_config`. Code that needs the list of values reads it off the type: `typing.get_args(Solver)`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# --- the task ---------------------------------------------------------------------------------------------------
+TaskType = Literal["sft", "grpo"]
+"""`train.train_policy.type`: sft, or grpo (Cosmos-RL's name for all reward-based RL). Its `trainer_type` values
+are the method registry's (sanarl/methods/registry.py), checked by `checks.check_task`."""
+AdvMode = Literal["all", "positive_only", "negative_only", "one_only", "binary"]
+"""DiffusionNFT's advantage transform."""
+
+# --- sampling and the objective ---------------------------------------------------------------------------------
+Solver = Literal["euler", "dpm2", "flow_sde", "cps"]
+"""Sampling solvers: two ODE solvers (euler, DPM-Solver++ 2M on x0) and two stochastic ones."""
+OdeSolver = Literal["euler", "dpm2"]
+"""The deterministic solvers (evaluation always samples with one)."""
+Weighting = Literal["logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap"]
+"""SFT timestep densities."""
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""Weight / autocast dtypes."""
+VaeLatents = Literal["sample", "mode"]
+"""Training latents of a VAE with a posterior: a seeded draw, or its mean."""
+WeightCopyDecay = Literal[0, 1, 2]
+"""DiffusionNFT's old-adapter decay schedules: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
+SoarRolloutType = Literal["simple", "sde", "flow_sde", "cps"]
+"""SOAR's step of its stochastic paths."""
+LevelGrid = Literal["scheduler_table", "continuous"]
+"""SOAR: how s0 and s1 are read off u and t1."""
+
+# --- rollouts ---------------------------------------------------------------------------------------------------
+RolloutBackend = Literal["diffusers"]
+"""Generation engine: sanarl's own sampling loop on the diffusers model."""
+RolloutFamily = Literal["diffusionnft", "naive_scaling", "compile", "naive_quant", "sol_rl"]
+"""Sol-RL rollout families."""
+Selection = Literal["best_worst", "random", "mean_deviation", "extremes_random"]
+"""How K of M drafts are kept."""
+PreviewPrecision = Literal["nvfp4", "fp8", "int8", "auto", "bf16"]
+"""Precision of the preview / quantized rollout copy."""
+
+# --- rewards, optimisation, logging -----------------------------------------------------------------------------
+VideoReduction = Literal["mean", "min", "max", "median"]
+"""How per-frame scores of a clip become one score (trainer and reward service)."""
+Optimizer = Literal["AdamW", "Adam", "SGD"]
+"""`train.optm_name`."""
+Logger = Literal["console", "wandb", "tensorboard"]
+"""Entries of `logging.logger`."""
+GuardWorse = Literal["higher", "lower"]
+"""`worse` of a guard metric: the direction in which it worsens."""
+GuardAction = Literal["log", "stop"]
+"""What the reward-hacking guard does when it fires."""
+
+# --- the reward service -----------------------------------------------------------------------------------------
+Fsync = Literal["always", "everysec", "no"]
+"""redis-server's appendfsync policy."""
+LogLevel = Literal["debug", "info", "warning", "error"]
+"""Log level of the reward service and its workers."""
