@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from sanarl.errors import WeightsError
-from sanarl.rewards.clip_models import ClipReward, Missing, reward_ckpts_dir
+from sanarl.rewards.clip_models import ClipReward
+from sanarl.rewards.weights import Missing, reward_ckpts_dir
 
 AESTHETIC_CLIP = "openai/clip-vit-large-patch14"
 AESTHETIC_FILE = "sac+logos+ava1-l14-linearMSE.pth"

@@ -23,13 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.clip_models import (
-    ImageTransform,
-    Missing,
-    ModelReward,
-    missing_weights_error,
-    reward_ckpts_dir,
-)
+from sanarl.rewards.clip_preprocess import ImageTransform
+from sanarl.rewards.model_reward import ModelReward
+from sanarl.rewards.weights import Missing, missing_weights_error, reward_ckpts_dir
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 HPS_SOURCE = "the Hugging Face repository xswu/HPSv2 (`hf download xswu/HPSv2 HPS_v2.1_compressed.pt`)"

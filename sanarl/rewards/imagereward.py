@@ -21,7 +21,6 @@ does. Key: `imagereward`.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Mapping
@@ -32,13 +31,9 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.clip_models import (
-    ImageTransform,
-    Missing,
-    ModelReward,
-    missing_weights_error,
-    reward_ckpts_dir,
-)
+from sanarl.rewards.clip_preprocess import ImageTransform
+from sanarl.rewards.model_reward import ModelReward
+from sanarl.rewards.weights import Missing, hub_offline, missing_weights_error, reward_ckpts_dir
 
 IR_FILES = ("ImageReward.pt", "med_config.json")
 IR_REPO = "THUDM/ImageReward"
@@ -105,7 +100,7 @@ def _resolve_tokenizer(name: str) -> Path | Missing:
         )
     from huggingface_hub import snapshot_download
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no", "off")
+    offline = hub_offline()
     ids = [name, f"google-bert/{name}"] if "/" not in name else [name]
     for local_only in (True, False) if not offline else (True,):
         for repo in ids:
