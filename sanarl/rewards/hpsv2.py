@@ -99,9 +99,7 @@ class HPSv2(ModelReward):
     Args:
         checkpoint: the HPS file; None = `<reward_ckpts>/HPS_v2.1_compressed.pt`.
         architecture: open_clip model name (ViT-H-14) or the path of an open_clip model-config .json.
-        device: where the model runs (None = the device given to `setup`, CPU by default).
-        dtype: float32 | bfloat16 | float16 (scores are returned in float32).
-        batch_size: pairs per forward pass.
+        device, dtype, batch_size (pairs per forward pass): see `ModelReward`.
     """
 
     name = "hpsv2"

@@ -185,9 +185,8 @@ class ImageReward(ModelReward):
     Args:
         checkpoint_dir: directory with ImageReward.pt and med_config.json; None = `<reward_ckpts>/ImageReward`.
         tokenizer: BERT tokenizer directory (with vocab.txt) or Hub id (default bert-base-uncased, cache first).
-        device: where the model runs (None = the device given to `setup`, CPU by default).
-        dtype: float32 | bfloat16 | float16 for BLIP (the reward head always runs in float32).
-        batch_size: pairs per forward pass.
+        device, dtype, batch_size (pairs per forward pass): see `ModelReward` (dtype is BLIP's; the reward head
+            always runs in float32).
     """
 
     name = "imagereward"
