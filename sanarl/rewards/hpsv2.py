@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.clip_preprocess import ImageTransform
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import Missing, missing_weights_error, reward_ckpts_dir
+from sanarl.rewards.weights import Missing, missing_weights_error, read_state_dict, reward_ckpts_dir
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 HPS_SOURCE = "the Hugging Face repository xswu/HPSv2 (`hf download xswu/HPSv2 HPS_v2.1_compressed.pt`)"
@@ -35,16 +35,8 @@ INSTALL = "pip install 'sanarl[rewards]' (open_clip_torch)"
 
 def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     """The CLIP state dict of an HPS checkpoint: unwraps `{"state_dict": ...}` and a DDP `module.` prefix."""
-    try:
-        state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise WeightsError(
-            f"{path}: cannot read the HPS checkpoint ({type(exc).__name__}: {exc}); replace it with "
-            f"{HPS_FILE} from {HPS_SOURCE}."
-        ) from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]
-    if not isinstance(state, Mapping) or not state:
+    state = read_state_dict(path, "the HPS checkpoint", f"{HPS_FILE} from {HPS_SOURCE}", "a CLIP state dict")
+    if not state:
         raise WeightsError(f"{path}: expected a CLIP state dict, got {type(state).__name__}.")
     return {k.removeprefix("module."): v for k, v in state.items()}
 

@@ -33,7 +33,13 @@ import torch
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.clip_preprocess import ImageTransform
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import Missing, hub_offline, missing_weights_error, reward_ckpts_dir
+from sanarl.rewards.weights import (
+    Missing,
+    hub_offline,
+    missing_weights_error,
+    read_state_dict,
+    reward_ckpts_dir,
+)
 
 IR_FILES = ("ImageReward.pt", "med_config.json")
 IR_REPO = "THUDM/ImageReward"
@@ -72,21 +78,6 @@ class VitGeometry:
         }
         side = int(round((pos.shape[1] - 1) ** 0.5))
         return cls(int(pos.shape[2]), len(blocks), int(proj.shape[-1]), side * int(proj.shape[-1]))
-
-
-def _read_state(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise WeightsError(
-            f"{path}: cannot read the ImageReward checkpoint ({type(exc).__name__}: {exc}); replace it with "
-            f"ImageReward.pt from {IR_REPO}."
-        ) from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]
-    if not isinstance(state, Mapping):
-        raise WeightsError(f"{path}: expected a state dict, got {type(state).__name__}.")
-    return dict(state)
 
 
 def _resolve_tokenizer(name: str) -> Path | Missing:
@@ -158,7 +149,7 @@ def load_model(directory: Path, tokenizer_dir: Path, device: torch.device) -> An
     """`build_model` + the checkpoint (as the package loads it: non-strict, but every weight the score uses must
     be present); eval mode, frozen, float32, on `device`."""
     path = directory / "ImageReward.pt"
-    state = _read_state(path)
+    state = dict(read_state_dict(path, "the ImageReward checkpoint", f"ImageReward.pt from {IR_REPO}"))
     model = build_model(
         directory / "med_config.json", VitGeometry.of(state, path), tokenizer_dir, str(device)
     )

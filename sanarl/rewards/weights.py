@@ -13,6 +13,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from sanarl.errors import WeightsError
 
@@ -66,6 +69,30 @@ def _missing_files(directory: Path, kind: str) -> list[str]:
     if kind == "processor" and not any(set(group) <= present for group in TOKENIZER_FILES):
         missing.append("tokenizer.json (or vocab.json + merges.txt)")
     return missing
+
+
+def read_state_dict(
+    path: Path, what: str, replacement: str, expected: str = "a state dict"
+) -> Mapping[str, Any]:
+    """The tensors of a `.safetensors` file or a torch file (`torch.load`, weights only), unwrapped from a
+    `{"state_dict": ...}` entry. WeightsError naming `what` the file is and the `replacement` to put there when it
+    cannot be read, and `expected` when it holds no mapping."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise WeightsError(
+            f"{path}: cannot read {what} ({type(exc).__name__}: {exc}); replace it with {replacement}."
+        ) from None
+    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
+        state = state["state_dict"]
+    if not isinstance(state, Mapping):
+        raise WeightsError(f"{path}: expected {expected}, got {type(state).__name__}.")
+    return state
 
 
 def hub_snapshot(repo: str, patterns: list[str] | None, offline: bool) -> Path | None:
