@@ -33,12 +33,10 @@ from diffusers import FluxPipeline
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.errors import ConfigError
-from sanarl.models.base import DTYPES, Cond, DiffusionAdapter, transformer_dtype
+from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.multi_encoder import check_t5_prompt_length, load_multi_encoder_pipeline
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
-T5_LIMIT = 512
-"""Longest `max_sequence_length` the pipeline accepts."""
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -99,22 +97,8 @@ class FluxAdapter(DiffusionAdapter):
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> FluxAdapter:
         """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`, the transformer in
         `transformer_dtype(policy)`, on `device` (text encoders and VAE stay on CPU with `offload`)."""
-        length = policy.diffusers.max_prompt_length
-        if not 1 <= length <= T5_LIMIT:  # checked before any weight is read
-            raise ConfigError(
-                f"`policy.diffusers.max_prompt_length = {length}`: FLUX's T5 encoder takes 1 to {T5_LIMIT} tokens; "
-                "set it in that range (Sol-RL's FLUX.1 recipes use 128)."
-            )
-        dtype = DTYPES[policy.diffusers.dtype]
-        pipe = FluxPipeline.from_pretrained(
-            str(directory), dtype={"default": dtype, "transformer": transformer_dtype(policy)}
-        )
-        pipe.set_progress_bar_config(disable=True)
-        pipe.transformer.to(device)
-        for module in (pipe.vae, *(getattr(pipe, n) for n in TEXT_ENCODERS)):
-            module.requires_grad_(False).eval()
-            if not policy.diffusers.offload:
-                module.to(device)
+        check_t5_prompt_length(policy, "FLUX", "Sol-RL's FLUX.1 recipes use 128")
+        pipe = load_multi_encoder_pipeline(FluxPipeline, directory, policy, device, TEXT_ENCODERS)
         return cls(pipe, policy, device)
 
     def shift_for(self, height: int, width: int) -> float:

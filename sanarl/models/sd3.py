@@ -31,12 +31,14 @@ from diffusers import StableDiffusion3Pipeline
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.errors import ConfigError
-from sanarl.models.base import DTYPES, Cond, DiffusionAdapter, transformer_dtype
+from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.multi_encoder import (
+    check_t5_prompt_length,
+    load_multi_encoder_pipeline,
+    present_text_encoders,
+)
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
-T5_LIMIT = 512
-"""Longest `max_sequence_length` the pipeline accepts."""
 
 
 class SD3Adapter(DiffusionAdapter):
@@ -64,31 +66,15 @@ class SD3Adapter(DiffusionAdapter):
         super().__init__()
         self._bind(pipeline, policy, device)
         self.latent_sampling = policy.diffusers.vae_latents == "sample"
-        self.text_encoders = nn.ModuleList(
-            [getattr(pipeline, n) for n in TEXT_ENCODERS if getattr(pipeline, n) is not None]
-        )
+        self.text_encoders = nn.ModuleList(present_text_encoders(pipeline, TEXT_ENCODERS))
 
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> SD3Adapter:
         """Load the pipeline from a local directory; frozen parts in `policy.diffusers.dtype`, the transformer in
         `transformer_dtype(policy)`, on `device` (text encoders and VAE stay on CPU with `offload`)."""
-        length = policy.diffusers.max_prompt_length
-        if not 1 <= length <= T5_LIMIT:  # checked before any weight is read
-            raise ConfigError(
-                f"`policy.diffusers.max_prompt_length = {length}`: SD3's T5 encoder takes 1 to {T5_LIMIT} tokens; "
-                "set it in that range (Cosmos-RL's SD3.5 recipes use 128 or 300, SOAR's uses 77)."
-            )
-        dtype = DTYPES[policy.diffusers.dtype]
-        # the transformer is read straight into its dtype (float32 master weights: no round trip through `dtype`)
-        dtypes = {"default": dtype, "transformer": transformer_dtype(policy)}
-        pipe = StableDiffusion3Pipeline.from_pretrained(str(directory), dtype=dtypes)
-        pipe.set_progress_bar_config(disable=True)
-        pipe.transformer.to(device)
-        frozen = [pipe.vae, *(getattr(pipe, n) for n in TEXT_ENCODERS if getattr(pipe, n) is not None)]
-        for module in frozen:
-            module.requires_grad_(False).eval()
-            if not policy.diffusers.offload:
-                module.to(device)
+        recipes = "Cosmos-RL's SD3.5 recipes use 128 or 300, SOAR's uses 77"
+        check_t5_prompt_length(policy, "SD3", recipes)
+        pipe = load_multi_encoder_pipeline(StableDiffusion3Pipeline, directory, policy, device, TEXT_ENCODERS)
         return cls(pipe, policy, device)
 
     @torch.no_grad()

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,27 +73,39 @@ def _gemma(vocab_size: int, hidden: int):
     return Gemma2Model(cfg)
 
 
+def _sana_transformer(
+    channels: int, heads: int, head_dim: int, layers: int, caption: int, patch: int, **extra: Any
+) -> Any:
+    """A SanaTransformer2DModel on an 8 x 8 token grid whose self- and cross-attention share `heads` x `head_dim`
+    (cross-attention width heads * head_dim), reading `caption`-wide text states; `extra` = more config keys."""
+    from diffusers import SanaTransformer2DModel
+
+    return SanaTransformer2DModel(
+        in_channels=channels,
+        out_channels=channels,
+        num_attention_heads=heads,
+        attention_head_dim=head_dim,
+        num_layers=layers,
+        num_cross_attention_heads=heads,
+        cross_attention_head_dim=head_dim,
+        cross_attention_dim=heads * head_dim,
+        caption_channels=caption,
+        sample_size=8,
+        patch_size=patch,
+        **extra,
+    )
+
+
 def build_shapes_pipeline(seed: int = 0):
     """The embedded default model (pixel-space tiny SANA, 32x32)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, SanaPipeline
 
     from sanarl.models.pixel_ae import PixelAutoencoder
 
     torch.manual_seed(seed)
     tokenizer = word_tokenizer()
-    transformer = SanaTransformer2DModel(
-        in_channels=3,
-        out_channels=3,
-        num_attention_heads=4,
-        attention_head_dim=32,
-        num_layers=6,
-        num_cross_attention_heads=4,
-        cross_attention_head_dim=32,
-        cross_attention_dim=128,
-        caption_channels=64,
-        sample_size=8,
-        patch_size=4,
-        interpolation_scale=1,
+    transformer = _sana_transformer(
+        3, heads=4, head_dim=32, layers=6, caption=64, patch=4, interpolation_scale=1
     )
     return SanaPipeline(
         tokenizer=tokenizer,
@@ -105,7 +118,7 @@ def build_shapes_pipeline(seed: int = 0):
 
 def build_sana_dcae_pipeline(seed: int = 0):
     """Tiny SANA with a random-init DC-AE (factor 4, 4 latent channels) for tests of the real SANA path."""
-    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
+    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline
 
     torch.manual_seed(seed)
     tokenizer = word_tokenizer()
@@ -123,19 +136,7 @@ def build_sana_dcae_pipeline(seed: int = 0):
         decoder_qkv_multiscales=((), (), (5,)),
         scaling_factor=0.41,
     )
-    transformer = SanaTransformer2DModel(
-        in_channels=4,
-        out_channels=4,
-        num_attention_heads=2,
-        attention_head_dim=8,
-        num_layers=2,
-        num_cross_attention_heads=2,
-        cross_attention_head_dim=8,
-        cross_attention_dim=16,
-        caption_channels=32,
-        sample_size=8,
-        patch_size=1,
-    )
+    transformer = _sana_transformer(4, heads=2, head_dim=8, layers=2, caption=32, patch=1)
     return SanaPipeline(
         tokenizer=tokenizer,
         text_encoder=_gemma(len(tokenizer), 32),

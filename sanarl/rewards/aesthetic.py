@@ -12,7 +12,6 @@ option). The prompt is not used. Key: `aesthetic`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,8 @@ import torch
 from torch import nn
 
 from sanarl.errors import WeightsError
-from sanarl.rewards.clip_models import ClipReward, Missing, reward_ckpts_dir
+from sanarl.rewards.clip_models import ClipReward
+from sanarl.rewards.weights import Missing, read_state_dict, reward_ckpts_dir
 
 AESTHETIC_CLIP = "openai/clip-vit-large-patch14"
 AESTHETIC_FILE = "sac+logos+ava1-l14-linearMSE.pth"
@@ -51,34 +51,12 @@ class AestheticMLP(nn.Module):
         return self.layers(embeddings).squeeze(-1)
 
 
-def _read_state_dict(path: Path) -> Mapping[str, Any]:
-    """The tensors of a `.pth` (torch.load, weights only) or `.safetensors` file; unwraps a `state_dict` entry."""
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state: Any = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise WeightsError(
-            f"{path}: cannot read the aesthetic head ({type(exc).__name__}: {exc}); replace it with the "
-            f"published {AESTHETIC_FILE} from {AESTHETIC_SOURCE}."
-        ) from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]
-    if not isinstance(state, Mapping):
-        raise WeightsError(
-            f"{path}: expected a state dict of the aesthetic head, got {type(state).__name__}."
-        )
-    return state
-
-
 def load_aesthetic_head(path: str | Path) -> AestheticMLP:
     """An `AestheticMLP` (eval mode, frozen, float32, CPU) with the weights of `path`; `in_dim` is read from the
     file. Raises WeightsError when the file is unreadable or its keys/shapes do not fit the head."""
     path = Path(path)
-    state = _read_state_dict(path)
+    replacement = f"the published {AESTHETIC_FILE} from {AESTHETIC_SOURCE}"
+    state = read_state_dict(path, "the aesthetic head", replacement, "a state dict of the aesthetic head")
     first = state.get("layers.0.weight")
     if not isinstance(first, torch.Tensor) or first.ndim != 2:
         raise WeightsError(

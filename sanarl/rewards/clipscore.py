@@ -3,7 +3,7 @@
     clipscore = cos(image_embedding, text_embedding) = logits_per_image / 100   (OpenAI CLIP's logit scale is 100)
 
 in [-1, 1], about 0.2-0.35 for matching pairs. Model `openai/clip-vit-large-patch14` (transformers CLIPModel and
-its own processor). Key: `clipscore`. Images are preprocessed on tensors (see clip_models).
+its own processor). Key: `clipscore`. Images are preprocessed on tensors (see clip_preprocess).
 """
 
 from __future__ import annotations

@@ -23,13 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.clip_models import (
-    ImageTransform,
-    Missing,
-    ModelReward,
-    missing_weights_error,
-    reward_ckpts_dir,
-)
+from sanarl.rewards.clip_preprocess import ImageTransform
+from sanarl.rewards.model_reward import ModelReward
+from sanarl.rewards.weights import Missing, missing_weights_error, read_state_dict, reward_ckpts_dir
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 HPS_SOURCE = "the Hugging Face repository xswu/HPSv2 (`hf download xswu/HPSv2 HPS_v2.1_compressed.pt`)"
@@ -39,16 +35,8 @@ INSTALL = "pip install 'sanarl[rewards]' (open_clip_torch)"
 
 def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     """The CLIP state dict of an HPS checkpoint: unwraps `{"state_dict": ...}` and a DDP `module.` prefix."""
-    try:
-        state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise WeightsError(
-            f"{path}: cannot read the HPS checkpoint ({type(exc).__name__}: {exc}); replace it with "
-            f"{HPS_FILE} from {HPS_SOURCE}."
-        ) from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]
-    if not isinstance(state, Mapping) or not state:
+    state = read_state_dict(path, "the HPS checkpoint", f"{HPS_FILE} from {HPS_SOURCE}", "a CLIP state dict")
+    if not state:
         raise WeightsError(f"{path}: expected a CLIP state dict, got {type(state).__name__}.")
     return {k.removeprefix("module."): v for k, v in state.items()}
 
@@ -103,9 +91,7 @@ class HPSv2(ModelReward):
     Args:
         checkpoint: the HPS file; None = `<reward_ckpts>/HPS_v2.1_compressed.pt`.
         architecture: open_clip model name (ViT-H-14) or the path of an open_clip model-config .json.
-        device: where the model runs (None = the device given to `setup`, CPU by default).
-        dtype: float32 | bfloat16 | float16 (scores are returned in float32).
-        batch_size: pairs per forward pass.
+        device, dtype, batch_size (pairs per forward pass): see `ModelReward`.
     """
 
     name = "hpsv2"

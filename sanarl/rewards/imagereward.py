@@ -21,7 +21,6 @@ does. Key: `imagereward`.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Mapping
@@ -32,11 +31,13 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.clip_models import (
-    ImageTransform,
+from sanarl.rewards.clip_preprocess import ImageTransform
+from sanarl.rewards.model_reward import ModelReward
+from sanarl.rewards.weights import (
     Missing,
-    ModelReward,
+    hub_offline,
     missing_weights_error,
+    read_state_dict,
     reward_ckpts_dir,
 )
 
@@ -79,21 +80,6 @@ class VitGeometry:
         return cls(int(pos.shape[2]), len(blocks), int(proj.shape[-1]), side * int(proj.shape[-1]))
 
 
-def _read_state(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise WeightsError(
-            f"{path}: cannot read the ImageReward checkpoint ({type(exc).__name__}: {exc}); replace it with "
-            f"ImageReward.pt from {IR_REPO}."
-        ) from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]
-    if not isinstance(state, Mapping):
-        raise WeightsError(f"{path}: expected a state dict, got {type(state).__name__}.")
-    return dict(state)
-
-
 def _resolve_tokenizer(name: str) -> Path | Missing:
     """A local directory holding the BERT `vocab.txt` for `name` (a path, or a Hub id from the cache / Hub)."""
     path = Path(name).expanduser()
@@ -105,7 +91,7 @@ def _resolve_tokenizer(name: str) -> Path | Missing:
         )
     from huggingface_hub import snapshot_download
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no", "off")
+    offline = hub_offline()
     ids = [name, f"google-bert/{name}"] if "/" not in name else [name]
     for local_only in (True, False) if not offline else (True,):
         for repo in ids:
@@ -163,7 +149,7 @@ def load_model(directory: Path, tokenizer_dir: Path, device: torch.device) -> An
     """`build_model` + the checkpoint (as the package loads it: non-strict, but every weight the score uses must
     be present); eval mode, frozen, float32, on `device`."""
     path = directory / "ImageReward.pt"
-    state = _read_state(path)
+    state = dict(read_state_dict(path, "the ImageReward checkpoint", f"ImageReward.pt from {IR_REPO}"))
     model = build_model(
         directory / "med_config.json", VitGeometry.of(state, path), tokenizer_dir, str(device)
     )
@@ -190,9 +176,8 @@ class ImageReward(ModelReward):
     Args:
         checkpoint_dir: directory with ImageReward.pt and med_config.json; None = `<reward_ckpts>/ImageReward`.
         tokenizer: BERT tokenizer directory (with vocab.txt) or Hub id (default bert-base-uncased, cache first).
-        device: where the model runs (None = the device given to `setup`, CPU by default).
-        dtype: float32 | bfloat16 | float16 for BLIP (the reward head always runs in float32).
-        batch_size: pairs per forward pass.
+        device, dtype, batch_size (pairs per forward pass): see `ModelReward` (dtype is BLIP's; the reward head
+            always runs in float32).
     """
 
     name = "imagereward"

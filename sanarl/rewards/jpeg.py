@@ -10,6 +10,7 @@ Both also return the raw size under the key `jpeg_kb`. No weights, no metadata.
 from __future__ import annotations
 
 import io
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -34,37 +35,42 @@ def jpeg_kilobytes(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.T
     return torch.tensor(sizes, dtype=torch.float32)
 
 
-class JpegCompressibility(Reward):
+class JpegSizeReward(Reward):
+    """The JPEG size rewards' shared part: the `quality` option, the size in kB (`jpeg_kb`) and the score under
+    `default_key`, which each subclass derives from the size (`from_kilobytes`)."""
+
+    def __init__(self, quality: int = JPEG_QUALITY) -> None:
+        super().__init__()
+        self.quality = int(quality)
+
+    @abstractmethod
+    def from_kilobytes(self, kb: torch.Tensor) -> torch.Tensor:
+        """The score `[B]` of images whose JPEG files are `kb` kilobytes."""
+
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        kb = jpeg_kilobytes(images, self.quality)
+        return {self.default_key: self.from_kilobytes(kb), "jpeg_kb": kb}
+
+
+class JpegCompressibility(JpegSizeReward):
     """`jpeg_compressibility = -(JPEG q95 bytes / 1000) / 500`: rewards small files (flat, simple images)."""
 
     name = "jpeg_compressibility"
     keys = ("jpeg_compressibility", "jpeg_kb")
     default_key = "jpeg_compressibility"
 
-    def __init__(self, quality: int = JPEG_QUALITY) -> None:
-        super().__init__()
-        self.quality = int(quality)
-
-    def _score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
-    ) -> dict[str, torch.Tensor]:
-        kb = jpeg_kilobytes(images, self.quality)
-        return {"jpeg_compressibility": -kb / COMPRESSIBILITY_DIVISOR, "jpeg_kb": kb}
+    def from_kilobytes(self, kb: torch.Tensor) -> torch.Tensor:
+        return -kb / COMPRESSIBILITY_DIVISOR
 
 
-class JpegIncompressibility(Reward):
+class JpegIncompressibility(JpegSizeReward):
     """`jpeg_incompressibility = + JPEG q95 kB`: rewards large files (detailed, noisy images)."""
 
     name = "jpeg_incompressibility"
     keys = ("jpeg_incompressibility", "jpeg_kb")
     default_key = "jpeg_incompressibility"
 
-    def __init__(self, quality: int = JPEG_QUALITY) -> None:
-        super().__init__()
-        self.quality = int(quality)
-
-    def _score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
-    ) -> dict[str, torch.Tensor]:
-        kb = jpeg_kilobytes(images, self.quality)
-        return {"jpeg_incompressibility": kb.clone(), "jpeg_kb": kb}
+    def from_kilobytes(self, kb: torch.Tensor) -> torch.Tensor:
+        return kb.clone()

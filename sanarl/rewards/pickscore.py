@@ -6,7 +6,7 @@ preferences.
 
 Model `yuvalkirstain/PickScore_v1` (a transformers CLIPModel) with the processor of
 `laion/CLIP-ViT-H-14-laion2B-s32B-b79K` (224 px shortest edge, center crop, CLIP mean/std), as in the reference
-code. Keys: `pickscore` (default) and `pickscore_raw`. Images are preprocessed on tensors (see clip_models).
+code. Keys: `pickscore` (default) and `pickscore_raw`. Images are preprocessed on tensors (see clip_preprocess).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from sanarl.rewards.clip_models import parse_batch_size
+from sanarl.rewards.model_reward import parse_batch_size
 from sanarl.rewards.vlm import heads, qwen, vision
 from sanarl.rewards.vlm.reason1 import pil_resize
 

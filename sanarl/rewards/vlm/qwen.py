@@ -1,7 +1,7 @@
 """What the Qwen2-VL / Qwen2.5-VL rewards share: options, weights resolution, loading, video encoding, forward.
 
 Weights: every model option is a local directory or a Hub id resolved local-first (the Hub cache, then a download
-unless HF_HUB_OFFLINE is set), as the CLIP rewards do (`sanarl.rewards.clip_models`); a miss is a WeightsError
+unless HF_HUB_OFFLINE is set), as the CLIP rewards do (`sanarl.rewards.weights`); a miss is a WeightsError
 (exit code 2) naming the id and both ways to provide it. Models load with transformers' own `from_pretrained`
 (`Qwen2VLForConditionalGeneration` or `Qwen2_5_VLForConditionalGeneration`, chosen by the config's model_type), the
 path real and tiny test checkpoints share. Dtype `auto` = bfloat16 on a GPU, float32 on the CPU.
@@ -19,17 +19,16 @@ import torch
 
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.clip_models import (
+from sanarl.rewards.model_reward import ModelReward, parse_dtype
+from sanarl.rewards.motion import check_clips
+from sanarl.rewards.weights import (
     Missing,
-    ModelReward,
-    _hub_offline,
-    _hub_snapshot,
-    _is_hub_id,
+    hub_offline,
+    hub_snapshot,
+    is_hub_id,
     missing_weights_error,
-    parse_dtype,
     resolve_dirs,
 )
-from sanarl.rewards.motion import check_clips
 
 INSTALL_HINT = "pip install 'sanarl[vlm]'"
 MODEL_CLASSES = {
@@ -78,16 +77,16 @@ def resolve_files_dir(reward: str, option: str, name: str, required: Sequence[st
         if not lacking(path):
             return path
         reason = f"directory lacks {', '.join(lacking(path))}"
-    elif not _is_hub_id(name):
+    elif not is_hub_id(name):
         reason = "no such directory (and not a Hub id of the form owner/name)"
     else:
         for offline in (True, False):
-            if not offline and _hub_offline():
+            if not offline and hub_offline():
                 break
-            got = _hub_snapshot(name, None, offline=offline)
+            got = hub_snapshot(name, None, offline=offline)
             if got is not None and not lacking(got):
                 return got
-        where = "HF_HUB_OFFLINE is set" if _hub_offline() else "the download failed"
+        where = "HF_HUB_OFFLINE is set" if hub_offline() else "the download failed"
         reason = f"not in the local Hub cache (needs {', '.join(required)}) and {where}"
     raise missing_weights_error(reward, [Missing(option, name, reason, fix)])
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError
-from sanarl.rewards.clip_models import parse_batch_size
+from sanarl.rewards.model_reward import parse_batch_size
 from sanarl.rewards.vlm import qwen, vision
 from sanarl.rewards.vlm.reason1 import pil_resize
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.clip_models import parse_batch_size
+from sanarl.rewards.model_reward import parse_batch_size
 from sanarl.rewards.vlm import heads, qwen, vision
 
 VIDEOREWARD_MODEL = "KwaiVGI/VideoReward"
