@@ -36,6 +36,7 @@ def curve_overrides(minutes: float) -> list[str]:
         return []
     return [
         f"train.ckpt.save_every_minutes={minutes}",
+        "train.ckpt.save_freq=1000000000",  # only the timed checkpoints (and the final one): one curve point each
         "train.ckpt.max_keep=0",
         "train.ckpt.enable_checkpoint=true",
     ]

@@ -1,10 +1,10 @@
 """What `sanarl bench shapes` runs by default, and the old full grid behind `--full`.
 
 Default (`DEFAULT`): DiffusionNFT and Flow-GRPO-Fast, one seed each, 30 training minutes, the two side by side on
-2 cores (`--jobs 2`), a held-out curve point every 5 minutes: about 40 minutes of wall time with the evaluations. Chosen from measurements, not from a
-60-minute run of these defaults (docs/shapes.md, "The bench"; docs/results.md): NFT alone on an idle core gained +0.150 held-out
-strict (about 7 evaluation standard errors) in 15 minutes, while the full grid's 4-minute runs (+0.014) stayed within
-one standard error. `FULL`: the session-3 grid, every method x 3 seeds x 4 minutes (about an hour on 2 cores).
+2 cores (`--jobs 2`), a held-out curve point every 5 minutes. Measured (docs/results.md, "The shapes world over 30
+minutes"): 44 minutes of wall time; NFT +0.076 held-out strict, 3.6 paired standard errors, Flow-GRPO-Fast +0.020,
+where the full grid's 4-minute runs (+0.014) stayed within one standard error. `FULL`: the session-3 grid, every
+method x 3 seeds x 4 minutes (about an hour on 2 cores), final models only.
 Explicit `--methods`, `--seeds`, `--budget-minutes` override either.
 """
 

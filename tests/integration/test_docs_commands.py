@@ -58,6 +58,12 @@ NOT_RUN: list[tuple[str, str]] = [
     ),
     (r"--config my-soar\.toml", "the reader's own preset and bucketed JSONL data"),
     (
+        r"^sanarl bench shapes --(output|methods soar,sft-more) ",
+        "the measured 30-minute benches of docs/results.md (two hours of CPU); the same code runs shortened in "
+        "tests/integration/test_bench_shapes.py",
+    ),
+    (r"--checkpoint outputs/bench-default/", "reads the 30-minute bench runs of the command above it"),
+    (
         r"local_dir=/path/to/",
         "the reader's own data (docs/cosmos-rl.md's validate block runs the same preset on the shipped examples)",
     ),
