@@ -47,6 +47,7 @@ from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cps_step, flow_sde_step
+from sanarl.methods.flow_grpo.config import validate
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
     sample_trajectories,
@@ -97,6 +98,7 @@ class FlowGRPOTask(GroupRLTask):
     lora_names = ("default",)
 
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+        validate(cfg)  # also for a config built in code, which never went through the loader
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         tp, w = cfg.train.train_policy, cfg.policy.diffusers.sample.guidance_scale
         if w != 1.0 and not tp.cfg_in_training:
@@ -277,7 +279,8 @@ class FlowGRPOTask(GroupRLTask):
     @staticmethod
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (the
-        config has passed Flow-GRPO's `validate` at load)."""
+        config has passed Flow-GRPO's `validate`, checked again here for a config built in code)."""
+        validate(cfg)
         tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
         k, bpr, mb, n = (
             cfg.rollout.n_generation,

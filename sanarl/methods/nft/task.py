@@ -20,6 +20,7 @@ from sanarl.core.flow import interpolate, sigma_grid
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
+from sanarl.methods.nft.config import validate
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch
@@ -53,6 +54,7 @@ class NFTTask(GroupRLTask):
     lora_names = ("default", "old")
 
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+        validate(cfg)  # also for a config built in code, which never went through the loader
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
 
     # --- 1-3: rollout, advantages, batches -------------------------------------------------------------------

@@ -58,6 +58,7 @@ from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, en
 from sanarl.methods.soar.config import (
     LEVEL_GRIDS,
     SCHEDULER_TABLE_SIZE,
+    validate,
 )
 from sanarl.models.base import Cond
 from sanarl.training.data import split_batch, step_indices
@@ -274,6 +275,7 @@ class SOARTask(Task):
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.soar = cfg.train.train_policy.soar
+        validate(cfg)  # also for a config built in code, which never went through the loader
         self.train_dataset = plugin.get_dataset(cfg)
         if len(self.train_dataset) == 0:
             raise DataError(
@@ -404,6 +406,7 @@ class SOARTask(Task):
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The batch arithmetic and the SOAR point counts, without loading a model (`sanarl validate`)."""
         train, soar = cfg.train, cfg.train.train_policy.soar
+        validate(cfg)
         bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
         per_rank = per_rank_batch(cfg, world)
         per_epoch = max(1, dataset_size // bpr)
