@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sanarl.config.checks import at_least, require
-from sanarl.config.schema import Config
+from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
 from sanarl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GroupRLView:
+    """The sections DiffusionNFT and Flow-GRPO read: the policy-gradient keys of `[train.train_policy]` (advantage
+    clip, KL, updates per rollout; Flow-GRPO's clip range and SDE window), the rollout (group size, family), the
+    diffusers keys (sampler, noise level, timesteps_fraction; NFT's beta and old-adapter decay) and the LoRA adapters
+    (None: a full fine-tune, Flow-GRPO only)."""
+
+    train_policy: TrainPolicyConfig
+    rollout: RolloutConfig
+    diffusers: DiffusersConfig
+    lora: LoraConfig | None
+
+
+def group_view(cfg: Config) -> GroupRLView:
+    return GroupRLView(cfg.train.train_policy, cfg.rollout, cfg.policy.diffusers, cfg.policy.lora)
 
 
 def check_group_rl(cfg: Config) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
+from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
+    group_view,
     rollouts_for,
 )
 
@@ -17,20 +16,8 @@ STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
 
 
-@dataclass(frozen=True)
-class FlowGRPOView:
-    """The sections Flow-GRPO reads: the policy-gradient keys (clip, KL, window, advantages), the rollout (group
-    size), the diffusers keys (sampler, noise level, timesteps_fraction) and the LoRA adapters (or none: full
-    fine-tune with a frozen reference)."""
-
-    train_policy: TrainPolicyConfig
-    rollout: RolloutConfig
-    diffusers: DiffusersConfig
-    lora: LoraConfig | None
-
-
-def view(cfg: Config) -> FlowGRPOView:
-    return FlowGRPOView(cfg.train.train_policy, cfg.rollout, cfg.policy.diffusers, cfg.policy.lora)
+view = group_view
+"""Its config view: the group-RL sections (group_config.GroupRLView)."""
 
 
 def validate(cfg: Config) -> None:

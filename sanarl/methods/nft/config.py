@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sanarl.config.checks import at_least, require
-from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
+from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
+    group_view,
     rollouts_for,
 )
 
-
-@dataclass(frozen=True)
-class NFTView:
-    """The sections DiffusionNFT reads: the policy-gradient keys, the rollout (group size, family), the diffusers
-    keys (nft_beta, timesteps_fraction, weight_copy_decay_type, the sampler) and the LoRA adapters."""
-
-    train_policy: TrainPolicyConfig
-    rollout: RolloutConfig
-    diffusers: DiffusersConfig
-    lora: LoraConfig | None
-
-
-def view(cfg: Config) -> NFTView:
-    return NFTView(cfg.train.train_policy, cfg.rollout, cfg.policy.diffusers, cfg.policy.lora)
+view = group_view
+"""Its config view: the group-RL sections (group_config.GroupRLView)."""
 
 
 def validate(cfg: Config) -> None:
