@@ -130,7 +130,8 @@ class Reward(ABC):
     """A scorer: `score(images [B, 3, H, W] in [0, 1], prompts, metadata) -> {key: float32 CPU Tensor[B]}`.
 
     Class attributes: `name` (the registry name), `keys` (every key `score` returns), `default_key` (the key a
-    `reward_fns` entry uses when its `score_key` is empty). Subclasses implement `_score` on validated inputs (it
+    `reward_fns` entry uses when its `score_key` is empty). A reward with one key named like itself declares only
+    `name`: `keys` and `default_key` then default to it. Subclasses implement `_score` on validated inputs (it
     runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score). Instances
     are safe to call from several threads as long as `_score` is.
     """
@@ -138,6 +139,12 @@ class Reward(ABC):
     name: str = ""
     keys: tuple[str, ...] = ()
     default_key: str = ""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__ and "keys" not in cls.__dict__:
+            cls.keys = (cls.name,)
+            cls.default_key = cls.default_key if "default_key" in cls.__dict__ else cls.name
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")

@@ -95,8 +95,6 @@ class HPSv2(ModelReward):
     """
 
     name = "hpsv2"
-    keys = ("hpsv2",)
-    default_key = "hpsv2"
 
     def __init__(
         self,

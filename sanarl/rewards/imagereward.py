@@ -181,8 +181,6 @@ class ImageReward(ModelReward):
     """
 
     name = "imagereward"
-    keys = ("imagereward",)
-    default_key = "imagereward"
 
     def __init__(
         self,
@@ -192,9 +190,9 @@ class ImageReward(ModelReward):
         dtype: str = "float32",
         batch_size: int = 16,
     ) -> None:
-        super().__init__(device, dtype, batch_size)
         self.checkpoint_dir = checkpoint_dir
         self.tokenizer_name = str(tokenizer)
+        super().__init__(device, dtype, batch_size)
         self.model: Any = None
         self.transform: ImageTransform | None = None
 
