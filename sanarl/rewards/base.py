@@ -131,7 +131,7 @@ class Reward(ABC):
 
     Class attributes: `name` (the registry name), `keys` (every key `score` returns), `default_key` (the key a
     `reward_fns` entry uses when its `score_key` is empty). A reward with one key named like itself declares only
-    `name`: `keys` and `default_key` then default to it. Subclasses implement `_score` on validated inputs (it
+    `name`: `keys` and `default_key` then default to it (a subclass keeps the keys it inherits). Subclasses implement `_score` on validated inputs (it
     runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score). Instances
     are safe to call from several threads as long as `_score` is.
     """
@@ -142,9 +142,9 @@ class Reward(ABC):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__ and "keys" not in cls.__dict__:
+        if "name" in cls.__dict__ and not cls.keys:  # an alias subclass keeps the keys it inherits
             cls.keys = (cls.name,)
-            cls.default_key = cls.default_key if "default_key" in cls.__dict__ else cls.name
+            cls.default_key = cls.default_key or cls.name
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")
