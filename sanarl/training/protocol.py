@@ -36,6 +36,12 @@ def per_rank_batch(cfg: Config, world: int) -> int:
     return bpr // world
 
 
+def planned_steps(cfg: Config, per_epoch: int) -> int:
+    """Optimizer steps of the run: `train.epoch` epochs of `per_epoch` steps, capped by `train.max_num_steps`."""
+    total = cfg.train.epoch * per_epoch
+    return min(total, cfg.train.max_num_steps) if cfg.train.max_num_steps is not None else total
+
+
 class Task(ABC):
     """Base of SFT / NFT / GRPO / SOAR tasks."""
 

@@ -58,7 +58,7 @@ from sanarl.methods.flow_grpo.trajectory import (
 )
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
 from sanarl.models.base import Cond
-from sanarl.training.protocol import per_rank_batch
+from sanarl.training.protocol import per_rank_batch, planned_steps
 from sanarl.training.rollout import PromptGroup
 
 log = logging.getLogger(__name__)
@@ -291,9 +291,7 @@ class FlowGRPOTask(GroupRLTask):
         per_rank = per_rank_batch(cfg, world)
         trained, trained_why = _trained_plan(cfg)
         per_epoch = max(1, dataset_size // (bpr // k)) * tp.optimizer_steps_per_rollout
-        total = cfg.train.epoch * per_epoch
-        if cfg.train.max_num_steps is not None:
-            total = min(total, cfg.train.max_num_steps)
+        total = planned_steps(cfg, per_epoch)
         sde = (
             f"SDE window of {tp.sde_window_size} steps inside steps [{tp.sde_window_range[0]}, "
             f"{tp.sde_window_range[1]}), Euler elsewhere"

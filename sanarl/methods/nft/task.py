@@ -23,7 +23,7 @@ from sanarl.methods.group_rl import GroupRLTask, reward_metrics
 from sanarl.methods.nft.config import validate
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
-from sanarl.training.protocol import per_rank_batch
+from sanarl.training.protocol import per_rank_batch, planned_steps
 from sanarl.training.rollout import PromptGroup
 
 
@@ -177,9 +177,7 @@ class NFTTask(GroupRLTask):
         trained = max(1, int(steps * cfg.policy.diffusers.timesteps_fraction))
         spr = cfg.train.train_policy.optimizer_steps_per_rollout
         per_epoch = max(1, dataset_size // (bpr // k)) * spr
-        total = cfg.train.epoch * per_epoch
-        if cfg.train.max_num_steps is not None:
-            total = min(total, cfg.train.max_num_steps)
+        total = planned_steps(cfg, per_epoch)
         ro = cfg.rollout
         m = ro.num_candidates or k
         rows = [

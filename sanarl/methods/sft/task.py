@@ -21,7 +21,7 @@ from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, per_rank_batch
+from sanarl.training.protocol import Task, per_rank_batch, planned_steps
 
 
 def draw_flow_matching_noise(
@@ -165,9 +165,7 @@ class SFTTask(Task):
         bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
         per_rank = per_rank_batch(cfg, world)
         per_epoch = max(1, dataset_size // bpr)
-        total = train.epoch * per_epoch
-        if train.max_num_steps is not None:
-            total = min(total, train.max_num_steps)
+        total = planned_steps(cfg, per_epoch)
         return [
             ("dataset items", str(dataset_size)),
             ("batch per step", f"{bpr} (train_batch_per_replica) / {world} rank(s) = {per_rank} per rank"),

@@ -62,7 +62,7 @@ from sanarl.methods.soar.config import (
 )
 from sanarl.models.base import Cond
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, per_rank_batch
+from sanarl.training.protocol import Task, per_rank_batch, planned_steps
 
 
 def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
@@ -410,9 +410,7 @@ class SOARTask(Task):
         bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
         per_rank = per_rank_batch(cfg, world)
         per_epoch = max(1, dataset_size // bpr)
-        total = train.epoch * per_epoch
-        if train.max_num_steps is not None:
-            total = min(total, train.max_num_steps)
+        total = planned_steps(cfg, per_epoch)
         points = soar.num_rollout_paths * soar.trajectory_length
         return [
             ("dataset items", str(dataset_size)),
