@@ -344,6 +344,107 @@ def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
     assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
 
 
+def _soar_step_mmdit_inputs(sd3, monkeypatch, u: torch.Tensor, steps: int) -> tuple[dict, list[dict]]:
+    """One SOAR micro-batch of 4 on the tiny MMDiT (2 paths x 3 points, CFG 4.5) with the drawn u replaced by `u`;
+    returns the batch and the keyword inputs (hidden_states, timestep) of every transformer call of its objective."""
+    from types import SimpleNamespace
+
+    import sanarl.methods.sft.task as sft_task
+    from sanarl.config.schema import Config
+    from sanarl.methods.soar.task import SOARTask
+
+    monkeypatch.setattr(sft_task, "sample_u", lambda *args, **kwargs: u.clone())
+    cfg = Config()
+    cfg.train.train_batch_per_replica = cfg.train.train_policy.mini_batch = 4
+    cfg.train.train_policy.trainer_type = "soar"
+    soar = cfg.train.train_policy.soar
+    soar.num_rollout_paths, soar.trajectory_length, soar.num_sampling_steps = 2, 3, steps
+    soar.cfg_scale_sampling = 4.5
+    gen = torch.Generator().manual_seed(0)
+    items = [{"prompt": p, "image": torch.rand(3, 32, 32, generator=gen)} for p in PROMPTS * 2]
+    task = SOARTask(cfg, sd3, SimpleNamespace(__name__="soar_items", get_dataset=lambda cfg: items))
+    batch = task.micro_batches(0, torch.Generator().manual_seed(1))[0]
+    calls = []
+
+    def record(module, args, kwargs):
+        calls.append({k: kwargs[k].detach().clone() for k in ("hidden_states", "timestep")})
+
+    handle = sd3.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        task.objective(batch, torch.Generator())
+    finally:
+        handle.remove()
+    return batch, calls
+
+
+def _cfg_velocity(sd3, prompts: list[str], x: torch.Tensor, timestep: torch.Tensor, w: float) -> torch.Tensor:
+    """v_u + w (v_c - v_u) straight from the MMDiT at the given timesteps, "" as the unconditional prompt."""
+    cond, uncond = sd3.encode_prompts(prompts), sd3.encode_prompts([""] * len(prompts))
+    with torch.no_grad():
+        v_c, v_u = (
+            sd3.transformer(
+                hidden_states=x,
+                timestep=timestep,
+                encoder_hidden_states=c.embeds,
+                pooled_projections=c.pooled,
+                return_dict=False,
+            )[0]
+            for c in (cond, uncond)
+        )
+    return v_u + w * (v_c - v_u)
+
+
+def test_soar_step_feeds_the_mmdit_hy_soars_scheduler_timesteps(sd3, monkeypatch):
+    """HY-SOAR on SD3.5 (docs/algorithms.md, "SOAR"), re-derived on a fresh FlowMatchEulerDiscreteScheduler of the
+    model's own config (1000 train timesteps, no set_timesteps): k = trunc((1 - u) 1000) clamped to [0, 999]; the
+    main row and both CFG branches of the rollout get `timesteps[k]` (already 1000 sigmas[k]: no second x1000, not
+    an index, not the unshifted sigma, not 1000 shift(u)) and z_s0 = (1 - sigmas[k]) z0 + sigmas[k] z1; each aux
+    row gets `timesteps[k']`, k' = trunc((1 - t') 1000), t' = 1 - i / 1000 in float32, i = the first table entry
+    <= s', while its ODE point is re-noised at s' itself: z' = (1 - a)(z_s0 + v_cfg (s1 - s0)) + a z1,
+    a = (s' - s1) / (1 - s1), s1 = sigmas[trunc((1 - max(u - 1/N, 0)) 1000)]."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # u > 0.999 reads sigma 1 (timestep 1000); the last sample sits at the t1 = 0 boundary (ODE path only)
+    u, steps, count, points = torch.tensor([0.99962, 0.6180339, 0.41234567, 0.1234567]), 4, 4, 3
+    batch, calls = _soar_step_mmdit_inputs(sd3, monkeypatch, u, steps)
+    assert len(calls) == 2  # one CFG forward (uncond + cond rows), one forward over the main and aux rows
+    rollout, trained = calls
+    sched = FlowMatchEulerDiscreteScheduler.from_config(sd3.pipeline.scheduler.config)
+    size = len(sched.timesteps)
+    assert size == 1000 and sched.config.shift == 3.0
+
+    def index(t: torch.Tensor) -> torch.Tensor:
+        return ((1.0 - t) * size).long().clamp(0, size - 1)
+
+    k0, k1 = index(u), index((u - 1.0 / steps).clamp(min=0.0))
+    sigma0, sigma1, ts0 = sched.sigmas[k0], sched.sigmas[k1], sched.timesteps[k0]
+    assert ts0[0] == 1000.0 and (ts0 - 1000.0 * 3.0 * u / (1.0 + 2.0 * u)).abs().min() > 0.1
+    z0 = sd3.encode_images(batch["image"], noise=batch["vae_noise"])
+    z1 = batch["noise"]
+    z_s0 = (1.0 - sigma0.view(-1, 1, 1, 1)) * z0 + sigma0.view(-1, 1, 1, 1) * z1
+    assert rollout["timestep"].dtype == torch.float32
+    assert torch.equal(rollout["timestep"], torch.cat([ts0, ts0]))
+    assert torch.equal(trained["timestep"][:count], ts0)
+    torch.testing.assert_close(rollout["hidden_states"], torch.cat([z_s0, z_s0]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(trained["hidden_states"][:count], z_s0, rtol=0, atol=1e-6)
+    # aux rows, ordered (path, point, sample): path 0 from every sample, path 1 from those off the boundary
+    rows = {0: [0, 1, 2, 3], 1: [0, 1, 2]}
+    order = [(m, p, b) for m in (0, 1) for p in range(points) for b in rows[m]]
+    s_prime = torch.stack([batch["s_prime"][b, m, p] for m, p, b in order])
+    first_below = (sched.sigmas[None, :] > s_prime[:, None]).sum(1).clamp(max=size - 1)
+    t_prime = 1.0 - first_below.float() / size
+    assert torch.equal(trained["timestep"][count:], sched.timesteps[index(t_prime)])
+    assert not torch.equal(trained["timestep"][count:], 1000.0 * s_prime)  # the table level, not s' itself
+    # the ODE path's points: one Euler step with the rollout's CFG velocity, then re-noised toward z1 at s'
+    z1p = z_s0 + _cfg_velocity(sd3, batch["prompt"], z_s0, ts0, 4.5) * (sigma1 - sigma0).view(-1, 1, 1, 1)
+    ode = [(p, b) for m, p, b in order if m == 0]
+    a = torch.stack([(batch["s_prime"][b, 0, p] - sigma1[b]) / (1.0 - sigma1[b]) for p, b in ode])
+    expected = torch.stack([(1.0 - a[j]) * z1p[b] + a[j] * z1[b] for j, (_, b) in enumerate(ode)])
+    torch.testing.assert_close(
+        trained["hidden_states"][count : count + len(ode)], expected, rtol=0, atol=1e-5
+    )
+
+
 def test_training_latents_sample_the_posterior_with_the_given_noise(sd3, tiny):
     """As the references: z = (mean + std eps - shift) * scale, eps from the caller's seeded generator;
     `vae_latents = "mode"` (or no noise) gives the mean."""
