@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sanarl.config import LoadedConfig, check_plugin, dump_toml, resolve_plugin
+from sanarl.config.schema import Config
 from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
@@ -16,8 +17,9 @@ from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_d
 
 @dataclass
 class TrainOutcome:
-    """The task (with its adapter and trained weights in memory) and what the run left on disk."""
+    """The config that ran, the task (with its adapter and trained weights in memory) and what the run left on disk."""
 
+    cfg: Config
     task: Task
     result: RunResult | None
     plan: list[tuple[str, str]]
@@ -71,7 +73,7 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     if on_plan is not None and acc.is_main_process:
         on_plan(plan, run_dir)
     if dry_run:
-        return TrainOutcome(task, None, plan)
+        return TrainOutcome(cfg, task, None, plan)
     runner = Runner(
         cfg, task, acc, run_dir
     )  # resolves train.resume: a bad path fails before anything is written
@@ -79,4 +81,4 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
         prepare_run_dir(cfg.train.output_dir)
         (run_dir / "config.toml").write_text(dump_toml(cfg))
     acc.wait_for_everyone()
-    return TrainOutcome(task, runner.run(), plan)
+    return TrainOutcome(cfg, task, runner.run(), plan)

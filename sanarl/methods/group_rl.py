@@ -22,17 +22,18 @@ from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
+from sanarl.methods.group_config import GroupRLView, group_view
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
-from sanarl.training.protocol import Task, per_rank_batch
-from sanarl.training.rollout import PromptGroup, RolloutEngine, group_seeds
+from sanarl.training.protocol import RunSettings, Task, per_rank_batch, run_settings
+from sanarl.training.rollout import PromptGroup, RolloutEngine, group_seeds, reward_function
 
 log = logging.getLogger(__name__)
 
 
-def prompts_per_rank(cfg: Config, world: int) -> int:
+def prompts_per_rank(run: RunSettings, k: int, world: int) -> int:
     """Prompt groups each rank rolls out per step: its samples / the group size K."""
-    return per_rank_batch(cfg, world) // cfg.rollout.n_generation
+    return per_rank_batch(run, world) // k
 
 
 def load_prompt_dataset(cfg: Config, plugin, world: int):
@@ -40,10 +41,10 @@ def load_prompt_dataset(cfg: Config, plugin, world: int):
     dataset = plugin.get_dataset(cfg)
     if len(dataset) == 0:
         raise DataError("the prompt dataset is empty; check train.train_policy.dataset.")
-    k = cfg.rollout.n_generation
-    if per_rank_batch(cfg, world) % k:
+    k, per_rank = cfg.rollout.n_generation, per_rank_batch(run_settings(cfg), world)
+    if per_rank % k:
         raise ConfigError(
-            f"each rank trains on {per_rank_batch(cfg, world)} samples per step, not a multiple of the group size "
+            f"each rank trains on {per_rank} samples per step, not a multiple of the group size "
             f"rollout.n_generation = {k}; set train.train_batch_per_replica to a multiple of {k * world}."
         )
     return dataset
@@ -53,10 +54,15 @@ class GroupRLTask(Task):
     """Base of the group-based RL tasks: prompt stream, group seeds, cross-rank advantages, updates per rollout,
     DDP padding, reward metrics. Subclasses supply `_rollout_batches` and `_padding_batch` (and the objective)."""
 
+    view: GroupRLView
+    """The sections the method reads: `[train.train_policy]`, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
+
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
+        self.view = group_view(cfg)
         self.train_dataset = load_prompt_dataset(cfg, plugin, world)
-        self.tracker = PerPromptStatTracker(global_std=cfg.train.train_policy.global_std)
+        self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
+        self.reward_fn = reward_function(self.view.train_policy, self.view.rollout)
         self.engine: RolloutEngine | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_groups: list[PromptGroup] = []
@@ -64,31 +70,39 @@ class GroupRLTask(Task):
 
     def setup_model(self) -> None:
         super().setup_model()
-        self.engine = RolloutEngine(self.cfg, self.adapter, self.uses_lora)
+        v = self.view
+        self.engine = RolloutEngine(
+            v.rollout,
+            v.diffusers,
+            self.reward_fn,
+            self.adapter,
+            uses_lora=self.uses_lora,
+            compile=self.run.compile,
+        )
 
     def launch_check(self, fsdp: bool) -> None:
         if fsdp and self.engine is not None and self.engine.full_copy is not None:
             raise ConfigError(
-                f"rollout.family = {self.cfg.rollout.family!r} samples from inference copies merged from the live "
+                f"rollout.family = {self.view.rollout.family!r} samples from inference copies merged from the live "
                 "LoRA weights, which FSDP shards; launch this preset with DDP (sanarl/data/accelerate/ddp_8gpu.yaml: "
                 "LoRA fits every GPU) or use rollout.family = 'diffusionnft' / 'naive_scaling' under FSDP."
             )
 
     def steps_per_epoch(self) -> int:
-        prompts_per_step = self.cfg.train.train_batch_per_replica // self.cfg.rollout.n_generation
+        prompts_per_step = self.run.batch_per_replica // self.view.rollout.n_generation
         rollouts = max(1, len(self.train_dataset) // prompts_per_step)
-        return rollouts * self.cfg.train.train_policy.optimizer_steps_per_rollout
+        return rollouts * self.view.train_policy.optimizer_steps_per_rollout
 
     # --- prompts, seeds, advantages -----------------------------------------------------------------------------
     def _step_prompts(self, step: int) -> tuple[list[str], list[dict]]:
         """This rank's prompts (and metadata) of rollout `step`: a pure function of (seed, step, rank)."""
         idx = step_indices(
             len(self.train_dataset),
-            self.cfg.train.seed,
+            self.run.seed,
             step,
             rank=self.rank,
             world=self.world,
-            per_rank=prompts_per_rank(self.cfg, self.world),
+            per_rank=prompts_per_rank(self.run, self.view.rollout.n_generation, self.world),
         )
         items = [self.train_dataset[i] for i in idx]
         return [it["prompt"] for it in items], [it.get("metadata", {}) for it in items]
@@ -98,7 +112,7 @@ class GroupRLTask(Task):
         (rank r holds positions r * count ... r * count + count - 1, as in `step_indices`): ranks draw disjoint
         noise, and W ranks roll out exactly what one rank with the whole batch would."""
         first = self.rank * count
-        return [group_seeds(self.cfg.train.seed, step, 0, first + p, per_group) for p in range(count)]
+        return [group_seeds(self.run.seed, step, 0, first + p, per_group) for p in range(count)]
 
     def _advantages(self, groups: list[PromptGroup]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """Per-sample advantages [N] and keep mask [N] (finite reward) over this step's samples of all ranks."""
@@ -128,7 +142,7 @@ class GroupRLTask(Task):
         """The micro-batches of optimizer step `step`. With `optimizer_steps_per_rollout` = k, rollout r serves
         optimizer steps r k ... r k + k - 1, each taking a k-th of the rollout's sample chunks with all their
         trained levels (`split_updates`; rollout metrics are reported on the step that samples)."""
-        k = self.cfg.train.train_policy.optimizer_steps_per_rollout
+        k = self.view.train_policy.optimizer_steps_per_rollout
         rollout_step, part = divmod(step, k)
         if part == 0 or self._pending is None or self._pending[0] != rollout_step:
             if part != 0:
@@ -169,7 +183,7 @@ class GroupRLTask(Task):
         return self.last_metrics
 
     def _maybe_save_grid(self, step: int, groups: list[PromptGroup]) -> None:
-        every = self.cfg.logging.multi_modal_log_interval
+        every = self.run.grid_every
         if not every or step % every or self.rank != 0 or self.run_dir is None:
             return
         shown = groups[: max(1, 32 // max(1, len(groups[0].seeds)))]

@@ -49,7 +49,7 @@ from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
 from sanarl.rewards.video import frames_as_images
 
 if TYPE_CHECKING:
-    from sanarl.config.schema import Config, RemoteRewardConfig
+    from sanarl.config.schema import RemoteRewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -212,12 +212,6 @@ class RemoteRewardFunction:
         self.default_keys: dict[str, str] = {}
         if check:
             self.check_service()
-
-    @classmethod
-    def from_config(cls, cfg: Config, **kwargs: Any) -> RemoteRewardFunction:
-        """From a run config: its rewards and `rollout.reward_deadline_s` as the per-task deadline."""
-        kwargs.setdefault("deadline_s", cfg.rollout.reward_deadline_s)
-        return cls(cfg.train.train_policy.remote_reward, **kwargs)
 
     @property
     def health_url(self) -> str:

@@ -11,22 +11,61 @@ branch on the model family.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from sanarl.config.schema import Config
+from sanarl.config.schema import Config, LoraConfig
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
 from sanarl.errors import ConfigError
 from sanarl.models.base import DiffusionAdapter
 from sanarl.training.distributed import load_full_state
 
 
-def per_rank_batch(cfg: Config, world: int) -> int:
+@dataclass(frozen=True)
+class RunSettings:
+    """The run-level keys every task reads (from `[train]`, `[train.train_policy]`, `[policy]` and `[logging]`);
+    each method reads its own sections through its config view (`sanarl/methods/<method>/config.py`)."""
+
+    seed: int
+    batch_per_replica: int
+    """`train.train_batch_per_replica`: the samples of one optimizer step over all data-parallel ranks."""
+    mini_batch: int
+    """`train.train_policy.mini_batch`: the samples of one micro-batch (one backward pass)."""
+    epoch: int
+    max_num_steps: int | None
+    param_dtype: str
+    compile: bool
+    """`train.compile`: torch.compile the training forward (and, for Sol-RL, the rollout copies)."""
+    lora: LoraConfig | None
+    """`[policy.lora]`, None for a full fine-tune."""
+    gradient_checkpointing: bool
+    grid_every: int
+    """`logging.multi_modal_log_interval`: save a rollout grid every this many steps (0 = never)."""
+
+
+def run_settings(cfg: Config) -> RunSettings:
+    train = cfg.train
+    return RunSettings(
+        seed=train.seed,
+        batch_per_replica=train.train_batch_per_replica,
+        mini_batch=train.train_policy.mini_batch,
+        epoch=train.epoch,
+        max_num_steps=train.max_num_steps,
+        param_dtype=train.param_dtype,
+        compile=train.compile,
+        lora=cfg.policy.lora,
+        gradient_checkpointing=cfg.policy.model_gradient_checkpointing,
+        grid_every=cfg.logging.multi_modal_log_interval,
+    )
+
+
+def per_rank_batch(run: RunSettings, world: int) -> int:
     """`train_batch_per_replica / world`, checked to split into whole micro-batches on every rank."""
-    bpr, mb = cfg.train.train_batch_per_replica, cfg.train.train_policy.mini_batch
+    bpr, mb = run.batch_per_replica, run.mini_batch
     if bpr % world or (bpr // world) % mb:
         raise ConfigError(
             f"`train.train_batch_per_replica = {bpr}` must split over {world} rank(s) into whole micro-batches of "
@@ -36,10 +75,10 @@ def per_rank_batch(cfg: Config, world: int) -> int:
     return bpr // world
 
 
-def planned_steps(cfg: Config, per_epoch: int) -> int:
+def planned_steps(run: RunSettings, per_epoch: int) -> int:
     """Optimizer steps of the run: `train.epoch` epochs of `per_epoch` steps, capped by `train.max_num_steps`."""
-    total = cfg.train.epoch * per_epoch
-    return min(total, cfg.train.max_num_steps) if cfg.train.max_num_steps is not None else total
+    total = run.epoch * per_epoch
+    return min(total, run.max_num_steps) if run.max_num_steps is not None else total
 
 
 class Task(ABC):
@@ -53,23 +92,30 @@ class Task(ABC):
     run_dir: Path | None
     """The run's output directory, set by the runner before training (rollout grids go under it); None outside a
     run."""
+    run: RunSettings
+    """The run-level keys (seed, batch, LoRA, ...); the method's own sections are its `view`."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        self.cfg = cfg
+        # the whole config is read here only, to pick the run-level keys and to hand the plugin its datasets (the
+        # plugin API takes the config); everything after construction reads `run` and the method's view
+        self.run = run_settings(cfg)
         self.adapter = adapter
         self.plugin = plugin
         self.rank = rank
         self.world = world
-        self.uses_lora = cfg.policy.lora is not None
+        self.uses_lora = self.run.lora is not None
         self.run_dir = None
+        get_val = getattr(plugin, "get_val_dataset", None)
+        self._load_val = (lambda: get_val(cfg)) if get_val is not None else (lambda: None)
+        self._val_dataset: Dataset | None = None
 
     # --- model setup --------------------------------------------------------------------------------------------
     def setup_model(self) -> None:
         """Freeze the base; add LoRA adapters when `[policy.lora]` is present, else train the whole transformer."""
         module = self.adapter.trainable_module()
-        lora = self.cfg.policy.lora
+        lora = self.run.lora
         if lora is None:
             module.requires_grad_(True)
         else:
@@ -84,14 +130,14 @@ class Task(ABC):
                 target_modules=lora.target_modules or list(self.adapter.default_lora_targets),
                 dropout=lora.lora_dropout,
             )
-        if self.cfg.policy.model_gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):
+        if self.run.gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):
             module.enable_gradient_checkpointing()
         module.train()
 
     def per_rank_batch(self) -> int:
         """Samples per optimizer step on this rank: `train_batch_per_replica` is the batch of the whole replica
         (all data-parallel ranks, as in Cosmos-RL), split evenly across ranks."""
-        return per_rank_batch(self.cfg, self.world)
+        return per_rank_batch(self.run, self.world)
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.adapter.trainable_module().named_parameters() if p.requires_grad]
@@ -155,8 +201,9 @@ class Task(ABC):
 
     def _validation_dataset(self):
         """The plugin's validation set, else the training set."""
-        dataset = self.plugin.get_val_dataset(self.cfg) if hasattr(self.plugin, "get_val_dataset") else None
-        return dataset if dataset is not None else self.train_dataset
+        if self._val_dataset is None:
+            self._val_dataset = self._load_val()  # on first use: a run without validation never builds it
+        return self._val_dataset if self._val_dataset is not None else self.train_dataset
 
     def validation_prompts(self, count: int) -> list[str]:
         """Prompts for validation grids: the plugin's validation set, else the first training prompts."""

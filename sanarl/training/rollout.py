@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sanarl.config.schema import Config
+from sanarl.config.schema import DiffusersConfig, RolloutConfig, TrainPolicyConfig
 from sanarl.core.lora import using_adapter
 from sanarl.core.selection import select_scorable
 from sanarl.models.base import Cond, DiffusionAdapter
@@ -56,18 +56,36 @@ def group_seeds(seed: int, step: int, rank: int, prompt_index: int, count: int) 
     return [int(v) & 0x7FFFFFFF for v in state]
 
 
+def reward_function(
+    train_policy: TrainPolicyConfig, rollout: RolloutConfig
+) -> RewardFunction | RemoteRewardFunction:
+    """The rollout's scorer: the rewards of `[train.train_policy.remote_reward]` in this process, or through the
+    reward service with `use_remote_reward` (`rollout.reward_deadline_s` as each task's deadline)."""
+    if train_policy.use_remote_reward:
+        return RemoteRewardFunction(train_policy.remote_reward, deadline_s=rollout.reward_deadline_s)
+    return RewardFunction(train_policy.remote_reward)
+
+
 class RolloutEngine:
     """Generates and scores prompt groups with the configured family; owns inference copies and the pool."""
 
-    def __init__(self, cfg: Config, adapter: DiffusionAdapter, uses_lora: bool) -> None:
-        self.cfg, self.adapter = cfg, adapter
-        ro = cfg.rollout
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        diffusers: DiffusersConfig,
+        reward_fn: RewardFunction | RemoteRewardFunction,
+        adapter: DiffusionAdapter,
+        *,
+        uses_lora: bool,
+        compile: bool,
+    ) -> None:
+        self.rollout_config, self.adapter, self.compile = rollout, adapter, compile
+        ro = rollout
         self.family = ro.family
         self.k = ro.n_generation
         self.m = ro.num_candidates or self.k
-        diff = cfg.policy.diffusers
         self.spec = GenerationSpec.from_sample_config(
-            diff.sample, adapter, diff.inference_size, evaluation=False
+            diffusers.sample, adapter, diffusers.inference_size, evaluation=False
         )
         self.preview_spec = GenerationSpec(**{**self.spec.__dict__, "num_steps": ro.preview_step})
         if self.family in ("naive_quant", "sol_rl"):
@@ -78,10 +96,8 @@ class RolloutEngine:
             self._build_copies()
         # remote: each group is enqueued on the reward service as soon as it is decoded and pulled later
         # (RemoteTask.result); the service's reward names are checked against its /health here.
-        self.remote = cfg.train.train_policy.use_remote_reward
-        self.reward_fn = (
-            RemoteRewardFunction.from_config(cfg) if self.remote else RewardFunction.from_config(cfg)
-        )
+        self.remote = isinstance(reward_fn, RemoteRewardFunction)
+        self.reward_fn = reward_fn
         self.pool = (
             RewardPool(
                 self.reward_fn, ro.reward_workers, ro.reward_deadline_s, knob="rollout.reward_deadline_s"
@@ -94,9 +110,9 @@ class RolloutEngine:
 
     # --- inference copies ---------------------------------------------------------------------------------------
     def _build_copies(self) -> None:
-        ro, live = self.cfg.rollout, self.adapter.trainable_module()
+        ro, live = self.rollout_config, self.adapter.trainable_module()
         quant = None if ro.preview_precision == "bf16" else ro.preview_precision
-        compile_mode = ro.compile_mode if self.cfg.train.compile or self.family != "sol_rl" else None
+        compile_mode = ro.compile_mode if self.compile or self.family != "sol_rl" else None
         if self.family == "compile":
             self.full_copy = InferenceCopy(live, compile_mode=compile_mode)
         elif self.family == "naive_quant":
@@ -127,7 +143,7 @@ class RolloutEngine:
         module = None if copy_ is None else copy_.forward_module
         live = self.adapter.trainable_module()
         ctx = using_adapter(live, "old") if copy_ is None and hasattr(live, "peft_config") else nullcontext()
-        out, bs = [], self.cfg.rollout.batch_size
+        out, bs = [], self.rollout_config.batch_size
         with ctx, torch.no_grad():
             for i in range(0, len(seeds), bs):
                 chunk = seeds[i : i + bs]
@@ -202,7 +218,7 @@ class RolloutEngine:
             return PromptGroup(prompt, meta, cond, seeds, latents, images, result)
         total = torch.where(result.nan_mask, torch.full_like(result.total, float("nan")), result.total)
         pick = torch.Generator().manual_seed(int(seeds[0]))  # the random modes: a pure function of the group
-        keep = select_scorable(total, self.k, self.cfg.rollout.selection, generator=pick).tolist()
+        keep = select_scorable(total, self.k, self.rollout_config.selection, generator=pick).tolist()
         kept = RewardResult(
             result.total[keep],
             {k: v[keep] for k, v in result.per_key.items()},

@@ -45,7 +45,7 @@ from sanarl.training.distributed import (
 )
 from sanarl.training.ema import EMA
 from sanarl.training.guard import Guard, check_reward_keys, image_guard_stats
-from sanarl.training.protocol import Task, planned_steps
+from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.sampling import GenerationSpec, generate_images
 from sanarl.training.setup import build_optimizer, warmup_schedule
 from sanarl.training.tracking import MetricsLogger, plot_metrics
@@ -113,7 +113,7 @@ class Runner:
         return torch.compile(module)
 
     def _total_steps(self) -> int:
-        return planned_steps(self.cfg, self.task.steps_per_epoch())
+        return planned_steps(run_settings(self.cfg), self.task.steps_per_epoch())
 
     # --- checkpoints --------------------------------------------------------------------------------------------
     def _full_state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:

@@ -28,8 +28,8 @@ def check_family_run(outcome, records: list[dict], compiled: list, prompts: int 
     """The run's rollout images, compiled copies and quantized layers are those of its family."""
     from sanarl.training.quantize import Int8DynamicLinear
 
-    family = outcome.task.cfg.rollout.family
-    m = outcome.task.cfg.rollout.num_candidates or k
+    family = outcome.task.view.rollout.family
+    m = outcome.task.view.rollout.num_candidates or k
     kept = prompts * k
     drafts = {"diffusionnft": 0, "sol_rl": prompts * m}.get(family, prompts * m - kept)
     assert records[0]["rollout_images"] == kept + drafts

@@ -114,7 +114,7 @@ def test_cfg_rollouts_are_re_evaluated_with_the_same_guidance(tmp_path, caplog, 
     assert first_dev <= 1e-4 and not self_check_warnings(caplog)  # v_u + 4.5 (v_c - v_u), as at rollout
     # both branches carry gradient: conditioned on "" (v_c = v_u) the guided gradient w g + (1 - w) g is exactly
     # that of plain v_c (a detached uncond branch would give 4.5 g)
-    task.cfg.train.train_policy.clip_range = 1e9  # no clipping, so the PPO term has a gradient
+    task.view.train_policy.clip_range = 1e9  # no clipping, so the PPO term has a gradient
     on_empty = dict(batch, cond=task.engine.uncond.expand_to(len(batch["adv"])))
     grads = []
     for spec in (task.spec, replace(task.spec, guidance_scale=1.0)):

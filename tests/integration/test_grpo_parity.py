@@ -64,7 +64,7 @@ def test_cfg_gradient_is_the_chain_through_both_branches(tmp_path):
     task = one_block_task(
         tmp_path, f"policy.diffusers.sample.guidance_scale={w}", "train.train_policy.kl_beta=0"
     )
-    task.cfg.train.train_policy.clip_range = 1e9  # no clipping: the surrogate is -A ratio
+    task.view.train_policy.clip_range = 1e9  # no clipping: the surrogate is -A ratio
     batch = task.micro_batches(0, step_generator(42, 0, 0))[0]
     params = [p for _, p in task.trainable_parameters()]
     loss, _ = task.objective(batch, torch.Generator())

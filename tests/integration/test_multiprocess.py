@@ -90,7 +90,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(launched, tm
     original, real_noise, seen = sft.SFTTask.micro_batches, sft.draw_flow_matching_noise, {}
 
     def remember_step(self, step, rng):
-        seen.update(seed=self.cfg.train.seed, step=step)
+        seen.update(seed=self.run.seed, step=step)
         return original(self, step, rng)
 
     def two_rank_noise(

@@ -73,7 +73,7 @@ def test_full_run_writes_config_metrics_samples_checkpoints(full_run):
     out, outcome, _ = full_run
     assert outcome.result.steps == 12
     reloaded = load_config(out / "config.toml").config
-    assert reloaded == outcome.task.cfg
+    assert reloaded == outcome.cfg
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 13))
     assert all(r["loss"] > 0 and r["grad_norm"] > 0 and r["lr"] == pytest.approx(1e-3) for r in records)

@@ -17,6 +17,7 @@ from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, DataError
+from sanarl.methods.soar.config import view
 from sanarl.methods.soar.task import SOARTask, aux_count, aux_points, draw_randomness, loss_scale, soar_levels
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.data import split_batch
@@ -135,7 +136,7 @@ def test_level_grid_changes_only_the_levels() -> None:
         cfg = _cfg(num_rollout_paths=2, trajectory_length=3, num_sampling_steps=5, level_grid=grid)
         cfg.policy.diffusers.caption_dropout = 0.3
         gen = torch.Generator().manual_seed(7)
-        draws[grid] = draw_randomness(64, (3, 2, 2), cfg, 3.0, gen)
+        draws[grid] = draw_randomness(64, (3, 2, 2), view(cfg), 3.0, gen)
         after[grid] = torch.rand(4, generator=gen)
         s0, s1, active = soar_levels(draws[grid]["u"], 5, 3.0, grid)
         assert torch.equal(draws[grid]["s0"], s0) and torch.equal(draws[grid]["s1"], s1)
@@ -193,7 +194,7 @@ def test_aux_rows_velocity_level_follows_the_grid(grid, monkeypatch) -> None:
 def test_aux_points_count_is_paths_times_points_per_active_sample(boundary) -> None:
     """HY-SOAR: M P points per sample off the boundary, the ODE path's P at it (0 with boundary_aux_points off)."""
     cfg = _cfg(num_rollout_paths=3, trajectory_length=4, num_sampling_steps=2, sde_rollout_type="cps")
-    draws = draw_randomness(16, (3, 2, 2), cfg, 1.0, torch.Generator().manual_seed(0))
+    draws = draw_randomness(16, (3, 2, 2), view(cfg), 1.0, torch.Generator().manual_seed(0))
     z0 = torch.randn(16, 3, 2, 2)
     z_s0 = z0 + 0.1
     aux = aux_points(z0, draws["noise"], z_s0, torch.randn_like(z0), draws, "cps", 0.5, boundary)
@@ -216,7 +217,7 @@ def test_aux_points_count_is_paths_times_points_per_active_sample(boundary) -> N
 def test_oracle_velocity_ode_points_lie_on_the_true_path_and_target_z1_minus_z0() -> None:
     cfg = _cfg(num_rollout_paths=2, trajectory_length=5, num_sampling_steps=10, sde_rollout_type="sde")
     gen = torch.Generator().manual_seed(3)
-    draws = draw_randomness(6, (3, 2, 2), cfg, 3.0, gen)
+    draws = draw_randomness(6, (3, 2, 2), view(cfg), 3.0, gen)
     draws["s0"], draws["s1"], draws["active"] = soar_levels(torch.linspace(0.3, 0.9, 6), 10, 3.0)
     z0, z1 = torch.randn(6, 3, 2, 2, generator=gen), draws["noise"]
     b = (6, 1, 1, 1)
@@ -302,7 +303,7 @@ def test_caption_dropout_is_per_batch_and_reaches_the_rollout(monkeypatch) -> No
     cfg = _cfg(batch=8, mini=8, trajectory_length=1, num_sampling_steps=4)
     cfg.policy.diffusers.caption_dropout = 0.5
     keeps = [
-        draw_randomness(8, (3, 4, 4), cfg, 1.0, torch.Generator().manual_seed(seed))["keep_caption"]
+        draw_randomness(8, (3, 4, 4), view(cfg), 1.0, torch.Generator().manual_seed(seed))["keep_caption"]
         for seed in range(40)
     ]
     assert all(bool((k == k[0]).all()) for k in keeps)  # one draw per batch
@@ -326,7 +327,7 @@ def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None
         num_rollout_paths=2, trajectory_length=3, num_sampling_steps=3, cfg_scale_sampling=3.0, lambda_aux=0.7
     )
     whole = SOARTask(_cfg(8, 8, **soar), FakeAdapter(TinyNet()), _plugin())
-    whole.cfg.policy.diffusers.caption_dropout = 0.3
+    whole.view.diffusers.caption_dropout = 0.3
     micro = whole.micro_batches(0, torch.Generator().manual_seed(5))
     n_aux = whole.collect_metrics()["num_aux_points"]
     active = int(micro[0]["active"].sum())
@@ -335,7 +336,7 @@ def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None
     g_whole = _grads(whole, micro)
 
     split = SOARTask(_cfg(8, 2, **soar), FakeAdapter(TinyNet()), _plugin())
-    split.cfg.policy.diffusers.caption_dropout = 0.3
+    split.view.diffusers.caption_dropout = 0.3
     micro4 = split.micro_batches(0, torch.Generator().manual_seed(5))
     assert len(micro4) == 4
     torch.testing.assert_close(_grads(split, micro4), g_whole, rtol=1e-5, atol=1e-7)

@@ -47,7 +47,7 @@ from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cps_step, flow_sde_step
-from sanarl.methods.flow_grpo.config import validate
+from sanarl.methods.flow_grpo.config import validate, view
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
     sample_trajectories,
@@ -56,9 +56,10 @@ from sanarl.methods.flow_grpo.trajectory import (
     trained_count,
     trained_positions,
 )
+from sanarl.methods.group_config import GroupRLView
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
 from sanarl.models.base import Cond
-from sanarl.training.protocol import per_rank_batch, planned_steps
+from sanarl.training.protocol import per_rank_batch, planned_steps, run_settings
 from sanarl.training.rollout import PromptGroup
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class FlowGRPOTask(GroupRLTask):
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         validate(cfg)  # also for a config built in code, which never went through the loader
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        tp, w = cfg.train.train_policy, cfg.policy.diffusers.sample.guidance_scale
+        tp, w = self.view.train_policy, self.view.diffusers.sample.guidance_scale
         if w != 1.0 and not tp.cfg_in_training:
             log.warning(
                 "flow_grpo: rollouts use CFG (guidance_scale = %s) but train.train_policy.cfg_in_training = false, "
@@ -113,21 +114,21 @@ class FlowGRPOTask(GroupRLTask):
 
     def setup_model(self) -> None:
         super().setup_model()
-        sample = self.cfg.policy.diffusers.sample
+        sample = self.view.diffusers.sample
         self.spec = replace(self.engine.spec, solver=sample.solver, eta=sample.noise_level)
         self.sigmas = sigma_grid(self.spec.num_steps, self.spec.shift)
-        if not self.uses_lora and self.cfg.train.train_policy.kl_beta > 0:
+        if not self.uses_lora and self.view.train_policy.kl_beta > 0:
             self.reference = copy.deepcopy(self.adapter.trainable_module()).requires_grad_(False).eval()
 
     # --- rollout ------------------------------------------------------------------------------------------------
     def _rollout_autocast(self):
         """The same autocast the runner's training forward runs under, so rollout and re-evaluation match."""
-        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.cfg.train.param_dtype)
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.run.param_dtype)
         return nullcontext() if dtype is None else torch.autocast(self.adapter.device.type, dtype=dtype)
 
     def rollout(self, step: int, rng: torch.Generator) -> tuple[list[PromptGroup], list[Trajectory], dict]:
         """This rank's prompt groups of `step`, their trajectories and rollout metrics (window drawn from rng)."""
-        tp, k = self.cfg.train.train_policy, self.cfg.rollout.n_generation
+        tp, k = self.view.train_policy, self.view.rollout.n_generation
         prompts, metas = self._step_prompts(step)
         seeds = self._group_seeds(step, len(prompts), k)
         window = sde_window(tp.sde_window_size, tp.sde_window_range, self.spec.num_steps, rng)
@@ -138,7 +139,7 @@ class FlowGRPOTask(GroupRLTask):
             uncond=self.engine.uncond,
             window=window,
             same_noise=tp.same_noise_per_group,
-            batch_size=self.cfg.rollout.batch_size,
+            batch_size=self.view.rollout.batch_size,
         )
         module = self.adapter.trainable_module()
         module.eval()
@@ -162,7 +163,7 @@ class FlowGRPOTask(GroupRLTask):
         self.last_metrics, self.last_groups, self.last_trajectories = metrics, groups, trajectories
         self._maybe_save_grid(step, groups)
         self._ratio.reset()
-        tp = self.cfg.train.train_policy
+        tp = self.view.train_policy
         adv = clip_advantages(adv, tp.advantage_low, tp.advantage_high)
         # 3. one micro-batch per (chunk of kept samples, trained step)
         return self._training_batches(groups, trajectories, adv, signal, rng)
@@ -181,8 +182,8 @@ class FlowGRPOTask(GroupRLTask):
         positions = trained_positions(
             trainable_positions(steps, self.sigmas, self.spec.solver),
             self.spec.num_steps,
-            self.cfg.policy.diffusers.timesteps_fraction,
-            windowed=self.cfg.train.train_policy.sde_window_size > 0,
+            self.view.diffusers.timesteps_fraction,
+            windowed=self.view.train_policy.sde_window_size > 0,
         )
         rows = mask.nonzero().squeeze(1)
         if len(rows) == 0:
@@ -190,7 +191,7 @@ class FlowGRPOTask(GroupRLTask):
         states = torch.cat([t.states for t in trajectories])[rows]
         old = torch.cat([t.log_probs for t in trajectories])[rows]
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(rows)
-        n, mb = len(rows), self.cfg.train.train_policy.mini_batch
+        n, mb = len(rows), self.run.mini_batch
         batches = []
         for start in range(0, n, mb):
             idx = torch.arange(start, min(start + mb, n))
@@ -232,7 +233,7 @@ class FlowGRPOTask(GroupRLTask):
         x, x_next = batch["x"].to(device), batch["x_next"].to(device)
         s, s_next = batch["s"].to(device), batch["s_next"].to(device)
         cond: Cond = batch["cond"].to(device)
-        tp = self.cfg.train.train_policy
+        tp = self.view.train_policy
         step = partial(
             STEP_FUNCTIONS[self.spec.solver],
             eta=self.spec.eta,
@@ -258,7 +259,7 @@ class FlowGRPOTask(GroupRLTask):
     def _policy_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """v_theta as at rollout: with CFG (and cfg_in_training) v_u + w (v_c - v_u) from one batched forward,
         differentiable through both branches (the guided sampler is the policy, docs/algorithms.md "Flow-GRPO")."""
-        w = self.spec.guidance_scale if self.cfg.train.train_policy.cfg_in_training else 1.0
+        w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training else 1.0
         return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w)
 
     @torch.no_grad()
@@ -266,7 +267,7 @@ class FlowGRPOTask(GroupRLTask):
         """The reference model's velocity, guided like the policy's: base weights (LoRA off) or the frozen copy."""
         # a guidance-distilled model (no CFG batch) embeds the rollout's guidance in every forward
         embedded = not self.adapter.cfg_batch
-        w = self.spec.guidance_scale if self.cfg.train.train_policy.cfg_in_training or embedded else 1.0
+        w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training or embedded else 1.0
         if self.reference is not None:
             return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w, self.reference)
         with adapters_disabled(self.adapter.trainable_module()):
@@ -281,28 +282,20 @@ class FlowGRPOTask(GroupRLTask):
         """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (the
         config has passed Flow-GRPO's `validate`, checked again here for a config built in code)."""
         validate(cfg)
-        tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
-        k, bpr, mb, n = (
-            cfg.rollout.n_generation,
-            cfg.train.train_batch_per_replica,
-            tp.mini_batch,
-            sample.num_steps,
-        )
-        per_rank = per_rank_batch(cfg, world)
-        trained, trained_why = _trained_plan(cfg)
+        v, run = view(cfg), run_settings(cfg)
+        tp, sample = v.train_policy, v.diffusers.sample
+        k, bpr, mb, n = v.rollout.n_generation, run.batch_per_replica, run.mini_batch, sample.num_steps
+        per_rank = per_rank_batch(run, world)
+        trained, trained_why = _trained_plan(v)
         per_epoch = max(1, dataset_size // (bpr // k)) * tp.optimizer_steps_per_rollout
-        total = planned_steps(cfg, per_epoch)
+        total = planned_steps(run, per_epoch)
         sde = (
             f"SDE window of {tp.sde_window_size} steps inside steps [{tp.sde_window_range[0]}, "
             f"{tp.sde_window_range[1]}), Euler elsewhere"
             if tp.sde_window_size > 0
             else "SDE at every step"
         )
-        ref = (
-            "base model (LoRA disabled)"
-            if cfg.policy.lora is not None
-            else "frozen copy of the initial transformer"
-        )
+        ref = "base model (LoRA disabled)" if v.lora is not None else "frozen copy of the initial transformer"
         return [
             ("prompts", f"{dataset_size} in the prompt set"),
             ("batch per step", f"{bpr} / {k} (n_generation) / {world} rank(s) = {per_rank // k} prompts x {k} images"
@@ -316,19 +309,19 @@ class FlowGRPOTask(GroupRLTask):
             ("loss", f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL to the {ref}"),
             ("updates", f"{tp.optimizer_steps_per_rollout} optimizer step(s) per rollout, each on 1/"
              f"{tp.optimizer_steps_per_rollout} of its micro-batches"),
-            ("steps", f"{per_epoch} per epoch x {cfg.train.epoch} epoch(s) -> {total} optimizer steps"),
+            ("steps", f"{per_epoch} per epoch x {run.epoch} epoch(s) -> {total} optimizer steps"),
         ]  # fmt: skip
 
 
-def _trained_plan(cfg: Config) -> tuple[int, str]:
+def _trained_plan(v: GroupRLView) -> tuple[int, str]:
     """Steps trained per sample and why, from the config alone (for `describe`)."""
-    tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
+    tp, sample = v.train_policy, v.diffusers.sample
     if (
         tp.sde_window_size > 0
     ):  # every window step is random (cps windows exclude the deterministic last step)
         return tp.sde_window_size, "every window step"
     candidates = sample.num_steps - int(sample.solver == "cps")  # cps's last step to s' = 0 is deterministic
-    fraction, n = cfg.policy.diffusers.timesteps_fraction, sample.num_steps
+    fraction, n = v.diffusers.timesteps_fraction, sample.num_steps
     count = min(candidates, trained_count(n, fraction, False))
     return (
         count,

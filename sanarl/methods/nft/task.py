@@ -20,10 +20,10 @@ from sanarl.core.flow import interpolate, sigma_grid
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
-from sanarl.methods.nft.config import validate
+from sanarl.methods.nft.config import validate, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
-from sanarl.training.protocol import per_rank_batch, planned_steps
+from sanarl.training.protocol import per_rank_batch, planned_steps, run_settings
 from sanarl.training.rollout import PromptGroup
 
 
@@ -91,10 +91,10 @@ class NFTTask(GroupRLTask):
         adv = adv[keep]
         num_steps = self.engine.spec.num_steps
         levels = sigma_grid(num_steps, self.engine.spec.shift)[:-1]
-        trained = max(1, int(num_steps * self.cfg.policy.diffusers.timesteps_fraction))
+        trained = max(1, int(num_steps * self.view.diffusers.timesteps_fraction))
         order = torch.stack([torch.randperm(num_steps, generator=rng)[:trained] for _ in range(len(x0))])
         eps = torch.randn((trained, *x0.shape), generator=rng)
-        batches, mb = [], self.cfg.train.train_policy.mini_batch
+        batches, mb = [], self.run.mini_batch
         for start in range(0, len(x0), mb):
             rows = slice(start, start + mb)
             for j in range(trained):
@@ -120,12 +120,12 @@ class NFTTask(GroupRLTask):
         with torch.no_grad(), using_adapter(module, "old"):
             v_old = self.adapter.velocity(x_t, t, cond)
         v_theta = self.adapter.velocity(x_t, t, cond)
-        kl_beta = self.cfg.train.train_policy.kl_beta
+        tp = self.view.train_policy
+        kl_beta = tp.kl_beta
         v_ref = None
         if kl_beta > 0:
             with torch.no_grad(), adapters_disabled(module):
                 v_ref = self.adapter.velocity(x_t, t, cond)
-        tp = self.cfg.train.train_policy
         loss, metrics = nft_loss(
             v_theta,
             v_old,
@@ -133,7 +133,7 @@ class NFTTask(GroupRLTask):
             x0,
             t,
             batch["adv"].to(device),
-            beta=self.cfg.policy.diffusers.nft_beta,
+            beta=self.view.diffusers.nft_beta,
             adv_clip_max=tp.advantage_high,
             v_ref=v_ref,
             kl_beta=kl_beta,
@@ -147,11 +147,11 @@ class NFTTask(GroupRLTask):
         """After the last optimizer step of a rollout (`step` = optimizer steps done): theta_old <- d theta_old +
         (1 - d) theta, d = decay(optimizer steps done, weight_copy_decay_type), counted in optimizer steps as
         DiffusionNFT's global step; refresh the inference copies."""
-        k = self.cfg.train.train_policy.optimizer_steps_per_rollout
+        k = self.view.train_policy.optimizer_steps_per_rollout
         if step % k:
             return {}
         module = self.adapter.trainable_module()
-        decay = old_weight_decay(step, self.cfg.policy.diffusers.weight_copy_decay_type)
+        decay = old_weight_decay(step, self.view.diffusers.weight_copy_decay_type)
         old = adapter_parameters(module, "old")
         new = adapter_parameters(module, "default")
         pairs = [(old[k], new[k.replace(".old.", ".default.")]) for k in old]
@@ -167,28 +167,25 @@ class NFTTask(GroupRLTask):
     @staticmethod
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The Cosmos-RL arithmetic: prompts x group per rank, micro-batches, trained levels."""
-        k, bpr, mb = (
-            cfg.rollout.n_generation,
-            cfg.train.train_batch_per_replica,
-            cfg.train.train_policy.mini_batch,
-        )
-        per_rank = per_rank_batch(cfg, world)
-        steps = cfg.policy.diffusers.sample.num_steps
-        trained = max(1, int(steps * cfg.policy.diffusers.timesteps_fraction))
-        spr = cfg.train.train_policy.optimizer_steps_per_rollout
+        v, run = view(cfg), run_settings(cfg)
+        ro, sample = v.rollout, v.diffusers.sample
+        k, bpr, mb = ro.n_generation, run.batch_per_replica, run.mini_batch
+        per_rank = per_rank_batch(run, world)
+        steps = sample.num_steps
+        trained = max(1, int(steps * v.diffusers.timesteps_fraction))
+        spr = v.train_policy.optimizer_steps_per_rollout
         per_epoch = max(1, dataset_size // (bpr // k)) * spr
-        total = planned_steps(cfg, per_epoch)
-        ro = cfg.rollout
+        total = planned_steps(run, per_epoch)
         m = ro.num_candidates or k
         rows = [
             ("prompts", f"{dataset_size} in the prompt set"),
             ("batch per step", f"{bpr} / {k} (n_generation) / {world} rank(s) = {per_rank // k} prompts x {k} images"
              f" = {per_rank} samples per rank"),
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained} trained levels "
-             f"(int({steps} x {cfg.policy.diffusers.timesteps_fraction})) = {(per_rank // mb) * trained} backward passes"),
+             f"(int({steps} x {v.diffusers.timesteps_fraction})) = {(per_rank // mb) * trained} backward passes"),
             ("rollout", f"family {ro.family}: {m} drafts -> {k} kept per prompt, {steps} steps, guidance "
-             f"{cfg.policy.diffusers.sample.guidance_scale}, solver {cfg.policy.diffusers.sample.solver}"),
-            ("steps", f"{per_epoch} per epoch x {cfg.train.epoch} epoch(s) -> {total} optimizer steps"
+             f"{sample.guidance_scale}, solver {sample.solver}"),
+            ("steps", f"{per_epoch} per epoch x {run.epoch} epoch(s) -> {total} optimizer steps"
              + (f" ({spr} per rollout, each on 1/{spr} of its micro-batches)" if spr > 1 else "")),
         ]  # fmt: skip
         if ro.family == "sol_rl":

@@ -15,13 +15,14 @@ from typing import TypedDict
 
 import torch
 
-from sanarl.config.schema import DiffusersConfig
+from sanarl.config.schema import Config, DiffusersConfig
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
+from sanarl.methods.sft.config import SFTView, view
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, per_rank_batch, planned_steps
+from sanarl.training.protocol import Task, per_rank_batch, planned_steps, run_settings
 
 
 def draw_flow_matching_noise(
@@ -102,7 +103,10 @@ class SFTBatch(TypedDict, total=False):
 class SFTTask(Task):
     """Supervised flow-matching fine-tune on the plugin's `{"prompt", "image"}` (or `{"prompt", "video"}`) items."""
 
-    def __init__(self, cfg, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+    view: SFTView
+    """The sections SFT reads (its config.py)."""
+
+    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.train_dataset = plugin.get_dataset(cfg)
         if len(self.train_dataset) == 0:
@@ -110,9 +114,9 @@ class SFTTask(Task):
                 f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
             )
         self.collate = getattr(plugin, "collate", default_collate)
-        self.diff = cfg.policy.diffusers
-        sample = self.diff.sample
-        self.flow_shift = sample.flow_shift
+        self.view = view(cfg)
+        self.diff = self.view.diffusers
+        self.flow_shift = self.diff.sample.flow_shift
 
     def shift(self, media: torch.Tensor) -> float:
         """The grid shift for this batch's image size: `sample.flow_shift`, else the model's own for that size."""
@@ -121,14 +125,13 @@ class SFTTask(Task):
         return self.adapter.shift_for(*media.shape[-2:])
 
     def steps_per_epoch(self) -> int:
-        return max(1, len(self.train_dataset) // self.cfg.train.train_batch_per_replica)
+        return max(1, len(self.train_dataset) // self.run.batch_per_replica)
 
     def micro_batches(self, step: int, rng: torch.Generator) -> list[SFTBatch]:
-        train = self.cfg.train
         # 1. this rank's items of the step
         idx = step_indices(
             len(self.train_dataset),
-            train.seed,
+            self.run.seed,
             step,
             rank=self.rank,
             world=self.world,
@@ -140,7 +143,7 @@ class SFTTask(Task):
         # 2. the whole batch's randomness at once, so any micro-batch split gives the same numbers
         batch.update(draw_flow_matching_noise(self.diff, len(idx), latent, rng))
         batch.update(draw_vae_noise(self.adapter, len(idx), latent, rng))
-        return split_batch(batch, train.train_policy.mini_batch)
+        return split_batch(batch, self.run.mini_batch)
 
     def objective(self, batch: SFTBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         """3. The weighted flow-matching loss of one micro-batch."""
@@ -159,16 +162,16 @@ class SFTTask(Task):
         return loss, {"loss": loss.item(), "sigma_mean": s.mean().item()}
 
     @staticmethod
-    def describe(cfg, dataset_size: int, world: int) -> list[tuple[str, str]]:
+    def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The batch arithmetic, without loading a model (used by `sanarl validate`)."""
-        train = cfg.train
-        bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
-        per_rank = per_rank_batch(cfg, world)
+        run = run_settings(cfg)
+        bpr, mb = run.batch_per_replica, run.mini_batch
+        per_rank = per_rank_batch(run, world)
         per_epoch = max(1, dataset_size // bpr)
-        total = planned_steps(cfg, per_epoch)
+        total = planned_steps(run, per_epoch)
         return [
             ("dataset items", str(dataset_size)),
             ("batch per step", f"{bpr} (train_batch_per_replica) / {world} rank(s) = {per_rank} per rank"),
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank per step"),
-            ("steps", f"{per_epoch} per epoch x {train.epoch} epoch(s) -> {total} optimizer steps"),
+            ("steps", f"{per_epoch} per epoch x {run.epoch} epoch(s) -> {total} optimizer steps"),
         ]

@@ -58,11 +58,13 @@ from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, en
 from sanarl.methods.soar.config import (
     LEVEL_GRIDS,
     SCHEDULER_TABLE_SIZE,
+    SOARView,
     validate,
+    view,
 )
 from sanarl.models.base import Cond
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, per_rank_batch, planned_steps
+from sanarl.training.protocol import Task, per_rank_batch, planned_steps, run_settings
 
 
 def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
@@ -111,7 +113,7 @@ def soar_levels(
 def draw_randomness(
     count: int,
     latent: tuple[int, ...],
-    cfg: Config,
+    v: SOARView,
     shift: float,
     rng: torch.Generator,
 ) -> dict[str, Tensor]:
@@ -122,11 +124,11 @@ def draw_randomness(
     stochastic paths; with the scheduler table also table_shift [B] (the shift of its table, every row; `aux_points`
     reads the flow_sde stand-in for s0 = 1 and the aux rows' model level from it, as HY-SOAR).
     """
-    soar = cfg.train.train_policy.soar
-    base = draw_flow_matching_noise(cfg.policy.diffusers, count, latent, rng)
+    soar = v.soar
+    base = draw_flow_matching_noise(v.diffusers, count, latent, rng)
     u, noise = base["u"], base["eps"]
     # caption dropout per batch, as HY-SOAR: one draw drops every caption of the rank's batch (rollout included)
-    keep = (torch.rand(1, generator=rng) >= cfg.policy.diffusers.caption_dropout).expand(count).clone()
+    keep = (torch.rand(1, generator=rng) >= v.diffusers.caption_dropout).expand(count).clone()
     s0, s1, active = soar_levels(
         u, soar.num_sampling_steps, shift, soar.level_grid
     )  # the one place levels are drawn
@@ -272,9 +274,13 @@ class SOARBatch(TypedDict, total=False):
 class SOARTask(Task):
     """The `sft` / `soar` task: flow matching plus the self-correction loss on the model's own rollout steps."""
 
+    view: SOARView
+    """The sections SOAR reads (its config.py)."""
+
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.soar = cfg.train.train_policy.soar
+        self.view = view(cfg)
+        self.soar = self.view.soar
         validate(cfg)  # also for a config built in code, which never went through the loader
         self.train_dataset = plugin.get_dataset(cfg)
         if len(self.train_dataset) == 0:
@@ -282,8 +288,7 @@ class SOARTask(Task):
                 f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
             )
         self.collate = getattr(plugin, "collate", default_collate)
-        sample = cfg.policy.diffusers.sample
-        self.flow_shift = sample.flow_shift
+        self.flow_shift = self.view.diffusers.sample.flow_shift
         self._uncond: Cond | None = None
         self._metrics: dict[str, float] = {}
         self._check_buckets()
@@ -292,7 +297,7 @@ class SOARTask(Task):
         """Bucketed datasets: some bucket fills a global batch, and every bucket size suits the VAE."""
         ds = self.train_dataset
         if hasattr(ds, "check_batch"):
-            ds.check_batch(self.cfg.train.train_batch_per_replica)
+            ds.check_batch(self.run.batch_per_replica)
         for (height, width), rows in getattr(ds, "buckets", {}).items():
             try:
                 self.adapter.latent_shape(height, width)
@@ -304,7 +309,7 @@ class SOARTask(Task):
                 ) from None
 
     def steps_per_epoch(self) -> int:
-        ds, batch = self.train_dataset, self.cfg.train.train_batch_per_replica
+        ds, batch = self.train_dataset, self.run.batch_per_replica
         if hasattr(ds, "num_batches"):
             return max(1, ds.num_batches(batch))
         return max(1, len(ds) // batch)
@@ -313,9 +318,7 @@ class SOARTask(Task):
         ds, per_rank = self.train_dataset, self.per_rank_batch()
         if hasattr(ds, "batch_items"):
             return ds.batch_items(step, self.rank, self.world, per_rank)
-        idx = step_indices(
-            len(ds), self.cfg.train.seed, step, rank=self.rank, world=self.world, per_rank=per_rank
-        )
+        idx = step_indices(len(ds), self.run.seed, step, rank=self.rank, world=self.world, per_rank=per_rank)
         return [ds[i] for i in idx]
 
     def micro_batches(self, step: int, rng: torch.Generator) -> list[SOARBatch]:
@@ -333,10 +336,10 @@ class SOARTask(Task):
             if self.flow_shift is not None
             else self.adapter.shift_for(*batch["image"].shape[-2:])
         )
-        batch.update(draw_randomness(count, latent, self.cfg, shift, rng))
+        batch.update(draw_randomness(count, latent, self.view, shift, rng))
         batch.update(draw_vae_noise(self.adapter, count, latent, rng))
         # 2. the step's point counts over all ranks -> one loss scale for every micro-batch
-        soar, mini = self.soar, self.cfg.train.train_policy.mini_batch
+        soar, mini = self.soar, self.run.mini_batch
         n_active = int(batch["active"].sum())
         local_aux = aux_count(
             count, n_active, soar.num_rollout_paths, soar.trajectory_length, soar.boundary_aux_points
@@ -391,7 +394,7 @@ class SOARTask(Task):
         v = adapter.velocity(x, s, Cond.cat([cond, cond.select(aux.owner)]))
         err = (v - torch.cat([velocity_target(z0, z1), aux.target])).pow(2).flatten(1).mean(1)
         # 7. weighted sums, normalised by the step's global counts
-        count, scheme = z0.shape[0], self.cfg.policy.diffusers.weighting_scheme
+        count, scheme = z0.shape[0], self.view.diffusers.weighting_scheme
         main_sum = (loss_weight(scheme, s0) * err[:count]).sum()
         aux_sum = (loss_weight(scheme, aux.s) * err[count:]).sum()  # w(s'), as HY-SOAR
         loss = (main_sum + soar.lambda_aux * aux_sum) * float(batch["loss_scale"][0])
@@ -405,12 +408,12 @@ class SOARTask(Task):
     @staticmethod
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The batch arithmetic and the SOAR point counts, without loading a model (`sanarl validate`)."""
-        train, soar = cfg.train, cfg.train.train_policy.soar
         validate(cfg)
-        bpr, mb = train.train_batch_per_replica, train.train_policy.mini_batch
-        per_rank = per_rank_batch(cfg, world)
+        run, soar = run_settings(cfg), view(cfg).soar
+        bpr, mb = run.batch_per_replica, run.mini_batch
+        per_rank = per_rank_batch(run, world)
         per_epoch = max(1, dataset_size // bpr)
-        total = planned_steps(cfg, per_epoch)
+        total = planned_steps(run, per_epoch)
         points = soar.num_rollout_paths * soar.trajectory_length
         return [
             ("dataset items", str(dataset_size)),
@@ -418,7 +421,7 @@ class SOARTask(Task):
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank per step"),
             (
                 "steps",
-                f"{per_epoch} per epoch (bucketed data: fewer, each bucket's remainder sits out) x {train.epoch} "
+                f"{per_epoch} per epoch (bucketed data: fewer, each bucket's remainder sits out) x {run.epoch} "
                 f"epoch(s) -> {total} optimizer steps",
             ),
             (
