@@ -81,22 +81,24 @@ def test_a_resumed_run_fires_against_the_best_from_before_the_resume_and_rolls_b
     assert code == 0, stderr
     assert not (tmp_path / "guard" / "alarm.json").exists()
     assert (tmp_path / "checkpoints" / "step_00000002" / "guard.pt").is_file()
+    kept_before = sorted(p.name for p in (tmp_path / "guard").glob("step_*"))
     resume = ("train.max_num_steps=4", "train.resume=true", *GUARD)
     code, stdout, stderr = run_cli(*base, *[x for s in resume for x in ("--set", s)])
     assert code == 0, stderr
-    assert "resumed" in stdout and "step 2" in stdout
+    assert "resumed" in stdout
 
     records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]  # steps 1, 2 before the resume, 3 after
     values = {r["step"]: r[BRIGHTNESS] for r in records if BRIGHTNESS in r}
     assert sorted(values) == [0, 1, 2, 3]  # stopped at the first validation after the resume
     best, fires = _expected_alarm(values, 3)
-    assert fires and best <= 2
+    assert fires and f"step_{best:08d}" in kept_before  # a best from before the resume, kept then
     (alarm,) = json.loads((tmp_path / "guard" / "alarm.json").read_text())
     assert (alarm["key"], alarm["best_step"], alarm["step"]) == (BRIGHTNESS, best, 3)
     assert (alarm["value"], alarm["best"]) == (values[3], values[best])
     assert "stopped by the reward-hacking guard at step 3" in stdout
     assert f"Exported the step-{best} weights (best by the guard)" in stdout
-    kept = load_file(tmp_path / "guard" / f"step_{best:08d}" / "ema.safetensors")  # written before the resume
+    kept = load_file(tmp_path / "guard" / f"step_{best:08d}" / "ema.safetensors")
     exported = load_file(tmp_path / "export" / "pytorch_lora_weights.safetensors")
     last = load_file(tmp_path / "checkpoints" / "step_00000003" / "ema.safetensors")
     assert any(not torch.equal(kept[k], last[k]) for k in kept)
