@@ -165,9 +165,8 @@ class Guard:
         self.samples: dict[int, tuple[torch.Tensor, list[str]]] = {}
         self.alarm: Alarm | None = None
         self.step_keys: set[str] = set()
-        self.saved_best: set[int] = (
-            set()
-        )  # the bests of the newest training checkpoint: their guard/step_* stay
+        # the bests of the newest training checkpoint: their guard/step_* stay until the next one
+        self.saved_best: set[int] = set()
 
     def record_step(self, step: int, metrics: Mapping[str, float]) -> None:
         """Keep the trained reward of optimizer step `step`."""
@@ -286,9 +285,9 @@ class Guard:
         }
 
     def load_checkpoint_state(self, state: Mapping[str, Any], upto: int) -> None:
-        """Continue from `checkpoint_state()`, keeping what happened at steps <= `upto` (the resumed checkpoint's step). A
-        metric the saved run did not watch has no value (NaN) at its validations; a changed `trained_metric` starts
-        the trained-reward series afresh."""
+        """Continue from `checkpoint_state()`, keeping what happened at steps <= `upto` (the resumed checkpoint's
+        step). A metric the saved run did not watch has no value (NaN) at its validations; a changed
+        `trained_metric` starts the trained-reward series afresh."""
         kept = [i for i, step in enumerate(state["steps"]) if step <= upto]
         saved = state["values"]
         self.steps = [int(state["steps"][i]) for i in kept]
