@@ -4,6 +4,8 @@ Layout of one checkpoint `<output_dir>/checkpoints/step_00000100/`:
   `<group>.safetensors`  named tensor groups (trainable weights, LoRA adapters, EMA shadow)
   `state.pt`             torch-serialised optimizer / LR-scheduler state (weights_only loadable)
   `meta.json`            step, data position and anything JSON-able the runner needs
+  `<name>.pt`            extra torch-serialised state, weights_only loadable (`guard.pt`: the reward-hacking
+                         guard's history, sanarl/training/guard.py)
 A checkpoint is written into a hidden staging directory and renamed into place, so a kill mid-save never leaves a
 half-written checkpoint that resume would pick up.
 """
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +45,10 @@ def save_checkpoint(
     torch_state: dict[str, Any],
     meta: dict[str, Any],
     max_keep: int = 0,
+    extras: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically and delete the oldest beyond `max_keep` (0 = keep all)."""
+    """Write checkpoint `step` atomically (with `extras[name]` as `<name>.pt`) and delete the oldest beyond
+    `max_keep` (0 = keep all)."""
     root.mkdir(parents=True, exist_ok=True)
     target = root / checkpoint_name(step)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
@@ -54,6 +59,8 @@ def save_checkpoint(
                 str(staging / f"{group}.safetensors"),
             )
         torch.save(torch_state, staging / "state.pt")
+        for name, obj in (extras or {}).items():
+            torch.save(obj, staging / f"{name}.pt")
         (staging / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=2))
         if target.exists():
             shutil.rmtree(target)
@@ -72,6 +79,12 @@ def load_checkpoint(path: Path) -> tuple[dict[str, dict[str, torch.Tensor]], dic
     torch_state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     meta = json.loads((path / "meta.json").read_text())
     return tensors, torch_state, meta
+
+
+def load_extra(path: Path, name: str) -> Any | None:
+    """The extra state `name` a checkpoint directory holds (`<name>.pt`), or None when it holds none."""
+    file = path / f"{name}.pt"
+    return torch.load(file, map_location="cpu", weights_only=True) if file.is_file() else None
 
 
 def resolve_resume(resume: bool | str, checkpoints_root: Path) -> Path | None:

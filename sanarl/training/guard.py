@@ -11,7 +11,12 @@ before any step, the steps up to the next one). The guard keeps a checkpoint of 
 `guard/alarm_step_*.png` (top row the best validation's samples, bottom row the current ones) and `guard/alarm.json`.
 
 `find_alarm` is the pure decision; `Guard` the state the runner keeps (runner.py calls `record_step`, `observe`,
-`decide`, `keep_checkpoint`, `best_checkpoint`).
+`decide`, `keep_checkpoint`, `best_checkpoint`). The history survives a resume: every training checkpoint holds
+`guard.pt` (`Guard.checkpoint_state`: steps, values, the trained-reward series, the alarm, and the first
+`GRID_SAMPLES` samples of each metric's best validation as uint8, all the alarm grid draws), which the resumed run
+loads up to the checkpoint's step (`Guard.load_checkpoint_state`) after removing what the run left under guard/ past
+it (`forget_after`). The kept `guard/step_*` of the newest training checkpoint's bests stay until the next training
+checkpoint, even when a later validation beats them, so a run resumed from it can still roll back to them.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +37,8 @@ from sanarl.errors import ConfigError
 from sanarl.training.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
 
 IMAGE_PREFIX = "heldout/image/"
+GRID_SAMPLES = 8
+"""Samples per row of the alarm grid: all a checkpoint keeps of a validation's samples."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,8 @@ class Guard:
         self.samples: dict[int, tuple[torch.Tensor, list[str]]] = {}
         self.alarm: Alarm | None = None
         self.step_keys: set[str] = set()
+        # the bests of the newest training checkpoint: their guard/step_* stay until the next one
+        self.saved_best: set[int] = set()
 
     def record_step(self, step: int, metrics: Mapping[str, float]) -> None:
         """Keep the trained reward of optimizer step `step`."""
@@ -230,7 +240,7 @@ class Guard:
         if alarm.best_step not in self.samples or alarm.step not in self.samples:
             return None
         (best, prompts), (now, _) = self.samples[alarm.best_step], self.samples[alarm.step]
-        k = min(8, best.shape[0], now.shape[0])
+        k = min(GRID_SAMPLES, best.shape[0], now.shape[0])
         captions = [f"step {alarm.best_step} (best): {p}" for p in prompts[:k]]
         captions += [f"step {alarm.step}: {p}" for p in prompts[:k]]
         stem = self.root / f"alarm_{checkpoint_name(alarm.step)}"
@@ -239,9 +249,9 @@ class Guard:
     def keep_checkpoint(self, step: int, tensors: dict[str, dict[str, torch.Tensor]]) -> Path:
         """Write the weights of validation `step` (a metric's new best) and drop kept ones no metric needs now."""
         path = save_checkpoint(self.root, step, tensors, {}, {"guard": "best validation"})
-        best = self.best_steps()
+        best = self.best_steps() | self.saved_best
         for old in list_checkpoints(self.root):
-            if int(old.name.split("_")[-1]) not in best:
+            if _step_of(old.name) not in best:
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
@@ -251,3 +261,71 @@ class Guard:
             return None
         path = self.root / checkpoint_name(self.alarm.best_step)
         return path if (path / "meta.json").is_file() else None
+
+    # --- resume -------------------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The history so far, for the training checkpoint being written (torch `weights_only` loadable): validation
+        steps, guard values, the trained-reward series with its metric's name, the per-step metric keys, the alarm,
+        and the first GRID_SAMPLES samples (uint8, as the grid draws them) and prompts of each metric's best
+        validation. The kept checkpoints of those bests stay until the next training checkpoint."""
+        best = self.saved_best = self.best_steps()
+        samples = {
+            step: {"images": _to_uint8(images[:GRID_SAMPLES]), "prompts": prompts[:GRID_SAMPLES]}
+            for step, (images, prompts) in self.samples.items()
+            if step in best
+        }
+        return {
+            "steps": list(self.steps),
+            "values": {key: list(values) for key, values in self.values.items()},
+            "trained_metric": self.cfg.trained_metric,
+            "trained": list(self.trained),
+            "step_keys": sorted(self.step_keys),
+            "alarm": None if self.alarm is None else asdict(self.alarm),
+            "samples": samples,
+        }
+
+    def load_checkpoint_state(self, state: Mapping[str, Any], upto: int) -> None:
+        """Continue from `checkpoint_state()`, keeping what happened at steps <= `upto` (the resumed checkpoint's
+        step). A metric the saved run did not watch has no value (NaN) at its validations; a changed
+        `trained_metric` starts the trained-reward series afresh."""
+        kept = [i for i, step in enumerate(state["steps"]) if step <= upto]
+        saved = state["values"]
+        self.steps = [int(state["steps"][i]) for i in kept]
+        self.values = {
+            key: [float(saved[key][i]) if key in saved else math.nan for i in kept] for key in self.values
+        }
+        same_metric = state["trained_metric"] == self.cfg.trained_metric
+        self.trained = [(int(s), float(v)) for s, v in state["trained"] if s <= upto] if same_metric else []
+        self.step_keys = set(state["step_keys"])
+        alarm = state["alarm"]
+        self.alarm = Alarm(**alarm) if alarm is not None and alarm["step"] <= upto else None
+        self.samples = {
+            int(step): (kept_["images"].float() / 255.0, list(kept_["prompts"]))
+            for step, kept_ in state["samples"].items()
+            if step <= upto
+        }
+        self.saved_best = self.best_steps()
+
+    def forget_after(self, step: int) -> None:
+        """Remove what the run left under guard/ past `step` (kept checkpoints, alarm grids, alarm.json entries):
+        a run resumed at `step` validates those steps again."""
+        for old in list_checkpoints(self.root):
+            if _step_of(old.name) > step:
+                shutil.rmtree(old, ignore_errors=True)
+        for grid in self.root.glob("alarm_step_*"):
+            if _step_of(grid.stem) > step:
+                grid.unlink()
+        record = self.root / "alarm.json"
+        if record.is_file():
+            entries = [e for e in json.loads(record.read_text()) if e["step"] <= step]
+            record.write_text(json.dumps(entries, indent=2) + "\n")
+
+
+def _step_of(name: str) -> int:
+    """The step of a `…step_NNNNNNNN` file or directory name."""
+    return int(name.rsplit("_", 1)[-1])
+
+
+def _to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Images in [0, 1] as uint8, rounded as the saved grids round them."""
+    return images.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).cpu()

@@ -3,7 +3,8 @@
 Per optimizer step: the task yields micro-batches; each loss is divided by their number before backward (so
 accumulation over micro-batches equals one big batch), gradients are clipped, the optimizer and LR schedule step,
 then the task hook and the EMA run. Every step appends one JSON object to `metrics.jsonl`. Checkpoints every
-`train.ckpt.save_freq` steps hold everything resume needs; data order and noise are pure functions of
+`train.ckpt.save_freq` steps hold everything resume needs (a checkpoint at a validation step is written after that
+validation, so it holds the reward-hacking guard's history through it); data order and noise are pure functions of
 (seed, step, rank), so a resumed run continues exactly like an uninterrupted one.
 
 Many processes (`accelerate launch`, docs/multi-gpu.md): DDP or FSDP2 through accelerate. Every rank runs the same
@@ -31,7 +32,7 @@ from sanarl.core.media import save_media
 from sanarl.errors import UserError
 from sanarl.rewards.scoring import build_rewards, score_images
 from sanarl.rewards.summary import describe
-from sanarl.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from sanarl.training.checkpoint import load_checkpoint, load_extra, resolve_resume, save_checkpoint
 from sanarl.training.data import step_generator
 from sanarl.training.distributed import (
     full_parameters,
@@ -136,7 +137,8 @@ class Runner:
         tensors, state = self._full_state()
         if self.acc.is_main_process:
             meta = {"world_size": self.acc.num_processes, "distributed_type": self.acc.distributed_type.value}
-            save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep)
+            extras = {"guard": self.guard.checkpoint_state()} if self.guard is not None else None
+            save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep, extras)
         self.acc.wait_for_everyone()
 
     def maybe_resume(self) -> None:
@@ -162,7 +164,23 @@ class Runner:
                 shard_like(ema[n], s) for n, s in zip(self.ema.names, self.ema.shadow, strict=True)
             ]
         self.start_step = int(meta["step"])
+        self._restore_guard(path)
         self.console.print(f"[bold]resumed[/] from {path} at step {self.start_step}")
+
+    def _restore_guard(self, path: Path) -> None:
+        """Rank 0's guard continues from the checkpoint's history (`guard.pt`) up to its step; what the run left
+        under guard/ past that step is removed (those validations come again)."""
+        if self.guard is None or not self.acc.is_main_process:
+            return
+        self.guard.forget_after(self.start_step)
+        state = load_extra(path, "guard")
+        if state is None:
+            self.console.print(
+                f"[yellow]checkpoint {path} holds no guard history (guard.pt)[/]: the reward-hacking guard starts "
+                "afresh"
+            )
+            return
+        self.guard.load_checkpoint_state(state, self.start_step)
 
     # --- one step -----------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -413,26 +431,28 @@ class Runner:
                     )
                 if done % cfg.logging.log_freq == 0 or done == self.total_steps:
                     bar.update(job, completed=done, total=self.total_steps, info=_short(metrics))
-                timed_save = self._minutes_passed(last_save, cfg.train.ckpt.save_every_minutes)
-                if (done % cfg.train.ckpt.save_freq == 0 or timed_save) and done < self.total_steps:
-                    self.save(done)
-                    last_save = time.monotonic()
                 if val.enable and done % val.freq == 0 and done < self.total_steps:
                     self.validate(done, logger)
                     guard_stop = self._guard_after_validation(done, logger)
                     if guard_stop:
                         self.total_steps = done
+                # after the validation: a checkpoint of this step holds the guard's history through it
+                timed_save = self._minutes_passed(last_save, cfg.train.ckpt.save_every_minutes)
+                if (done % cfg.train.ckpt.save_freq == 0 or timed_save) and done < self.total_steps:
+                    self.save(done)
+                    last_save = time.monotonic()
                 if done >= self.total_steps:
                     break
         return metrics, guard_stop
 
     def _finish(self, logger: MetricsLogger, guard_stop: bool) -> Path | None:
-        """Final checkpoint and validation, the guard's rollback, the export and the metrics plot."""
+        """Final validation and checkpoint (the last trained state, with the guard's history through that
+        validation), the guard's rollback, the export and the metrics plot."""
         acc = self.acc
-        self.save(self.total_steps)
         if self.cfg.validation.enable and not guard_stop:
             self.validate(self.total_steps, logger)
             guard_stop = self._guard_after_validation(self.total_steps, logger)
+        self.save(self.total_steps)
         rolled_back = self._roll_back_to_guard_best() if guard_stop else None
         export_dir = self.export()
         if guard_stop and acc.is_main_process:

@@ -1,5 +1,6 @@
 """The reward-hacking alarm in a real run: a tiny DiffusionNFT run whose guard fires at the first validation after
-training starts, stops, and exports the best checkpoint by the guard (rollback), exit code 0."""
+training starts, stops, and exports the best checkpoint by the guard (rollback), exit code 0; and a resumed run whose
+guard fires against a best validation from before the resume and rolls back to that pre-resume checkpoint."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ GUARD = (
     'validation.guard.metrics=[{key="heldout/image/brightness", worse="higher", margin=0.0}, '
     '{key="heldout/image/brightness", worse="lower", margin=0.0}, {key="heldout/shapes/extra", margin=100.0}]',
 )  # fmt: skip
+BRIGHTNESS = "heldout/image/brightness"
 
 
 def test_guard_stops_the_run_and_exports_the_best_checkpoint(run_cli, tmp_path):
@@ -50,6 +52,57 @@ def test_guard_stops_the_run_and_exports_the_best_checkpoint(run_cli, tmp_path):
     assert any(not torch.equal(best[k], last[k]) for k in best)
     assert len(exported) == len(best)
     for key, value in best.items():  # diffusers LoRA names: "transformer." prefix, no adapter name
+        assert torch.equal(exported["transformer." + key.replace(".default.", ".")].to(value.dtype), value), (
+            key
+        )
+
+
+def _expected_alarm(values: dict[int, float], now: int) -> tuple[int, bool]:
+    """(best step, fires) of GUARD's rules at validation `now` from their definition: "higher" is worse first (best
+    = the lowest so far, earliest on ties), then "lower" is worse (best = the highest); margin 0."""
+    before = sorted(s for s in values if s < now)
+    low = min(before, key=lambda s: (values[s], s))
+    if values[now] > values[low]:
+        return low, True
+    high = min(before, key=lambda s: (-values[s], s))
+    return high, values[now] < values[high]
+
+
+def test_a_resumed_run_fires_against_the_best_from_before_the_resume_and_rolls_back_to_it(run_cli, tmp_path):
+    """Steps 1..2 with validations at 0, 1, 2 and a checkpoint at 2, the guard's margins too wide to fire (100);
+    resumed with margin 0 up to 4 steps: the first validation after the resume (step 3) fires against the best of
+    validations 0..2, stops, and exports that validation's kept checkpoint. A guard that restarts at the resume (the
+    old behaviour) would take step 3 as its first best and fire at step 4 against it."""
+    wide = [x.replace("margin=0.0", "margin=100.0") for x in GUARD]
+    base = ["--config", PRESET, "sanarl.datasets.shapes", "--set", f"train.output_dir={tmp_path}"]
+    code, _, stderr = run_cli(
+        *base, "--set", "train.max_num_steps=2", *[x for s in wide for x in ("--set", s)]
+    )
+    assert code == 0, stderr
+    assert not (tmp_path / "guard" / "alarm.json").exists()
+    assert (tmp_path / "checkpoints" / "step_00000002" / "guard.pt").is_file()
+    kept_before = sorted(p.name for p in (tmp_path / "guard").glob("step_*"))
+    resume = ("train.max_num_steps=4", "train.resume=true", *GUARD)
+    code, stdout, stderr = run_cli(*base, *[x for s in resume for x in ("--set", s)])
+    assert code == 0, stderr
+    assert "resumed" in stdout
+
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]  # steps 1, 2 before the resume, 3 after
+    values = {r["step"]: r[BRIGHTNESS] for r in records if BRIGHTNESS in r}
+    assert sorted(values) == [0, 1, 2, 3]  # stopped at the first validation after the resume
+    best, fires = _expected_alarm(values, 3)
+    assert fires and f"step_{best:08d}" in kept_before  # a best from before the resume, kept then
+    (alarm,) = json.loads((tmp_path / "guard" / "alarm.json").read_text())
+    assert (alarm["key"], alarm["best_step"], alarm["step"]) == (BRIGHTNESS, best, 3)
+    assert (alarm["value"], alarm["best"]) == (values[3], values[best])
+    assert "stopped by the reward-hacking guard at step 3" in stdout
+    assert f"Exported the step-{best} weights (best by the guard)" in stdout
+    kept = load_file(tmp_path / "guard" / f"step_{best:08d}" / "ema.safetensors")
+    exported = load_file(tmp_path / "export" / "pytorch_lora_weights.safetensors")
+    last = load_file(tmp_path / "checkpoints" / "step_00000003" / "ema.safetensors")
+    assert any(not torch.equal(kept[k], last[k]) for k in kept)
+    for key, value in kept.items():
         assert torch.equal(exported["transformer." + key.replace(".default.", ".")].to(value.dtype), value), (
             key
         )

@@ -1,17 +1,20 @@
 """DiffusionNFT end to end on the tiny SANA (CPU, seconds): the loop, the old-adapter rule, Sol-RL's two-stage
-rollout, resume, and bad input."""
+rollout, resume (also with the int8-quantized rollout copies), and bad input."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.core.lora import adapter_parameters
 from sanarl.training.ema import old_weight_decay
+from sanarl.training.quantize import Int8DynamicLinear
 from sanarl.training.rollout import group_seeds
 from sanarl.training.tracking import read_metrics
 
@@ -20,6 +23,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "tests" / "data" / "presets" / "nft-tiny.toml"
 SHAPES = "sanarl.datasets.shapes"
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from rollout_families import INT8, record_compiles  # noqa: E402
 
 
 def loaded(out: Path, *extra: str):
@@ -265,3 +270,51 @@ def test_sol_rl_preset_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     after = [read_metrics(d / "metrics.jsonl")[-1] for d in (tmp_path / "a", tmp_path / "b")]
     assert after[0]["reward/mean"] == after[1]["reward/mean"]
     assert after[0]["reward_preview_kept_mean"] == after[1]["reward_preview_kept_mean"]
+
+
+def _quantized_copy(outcome) -> torch.nn.Module:
+    """The int8 rollout copy of a run: naive_quant's only copy, sol_rl's preview."""
+    engine = outcome.task.engine
+    return (engine.preview_copy if engine.family == "sol_rl" else engine.full_copy).module
+
+
+@pytest.mark.parametrize("family", ["naive_quant", "sol_rl"])
+def test_quantized_rollout_copy_resume_equals_uninterrupted_bit_for_bit(tmp_path, monkeypatch, family):
+    """The int8 rollout copy (naive_quant trains on its samples, sol_rl ranks its drafts with it) is built at set-up
+    from the set-up weights and re-merged from the restored old adapter when the checkpoint loads; its int8 form is
+    re-packed from the merged master weights on the next forward. A run interrupted after step 1 and resumed
+    equals an uninterrupted 2-step run bit for bit: weights, EMA, optimizer state, step 2's metrics, and the copy's
+    master and packed int8 weights. M = 8 drafts, K = 4 kept: the selection depends on the quantized samples."""
+    record_compiles(monkeypatch)  # naive_quant compiles its copy; compile itself: test_compile.py
+    overrides = [f"rollout.family={family}", "rollout.num_candidates=8", "rollout.preview_step=2", *INT8]
+
+    def run(out: Path, *extra: str):
+        return api.train(loaded(out, *overrides, *extra), SHAPES)
+
+    run(tmp_path / "a", "train.max_num_steps=1", "train.ckpt.save_freq=1")
+    resumed = run(tmp_path / "a", "train.max_num_steps=2", "train.resume=true")
+    straight = run(tmp_path / "b", "train.max_num_steps=2")
+    copies = [_quantized_copy(o) for o in (resumed, straight)]
+    layers = [[m for m in c.modules() if isinstance(m, Int8DynamicLinear)] for c in copies]
+    assert layers[0] and len(layers[0]) == len(layers[1])  # the int8 backend really ran
+    for ours, theirs in zip(*layers, strict=True):
+        assert torch.equal(ours.weight, theirs.weight)
+        (kind, packed), (_, packed_straight) = ours.packed(), theirs.packed()
+        if kind == "emulated":
+            assert all(torch.equal(x, y) for x, y in zip(packed, packed_straight, strict=True))
+        else:
+            unpacked = [torch.ops.quantized.linear_unpack(p)[0].int_repr() for p in (packed, packed_straight)]
+            assert torch.equal(*unpacked)
+    last = [d / "checkpoints" / "step_00000002" for d in (tmp_path / "a", tmp_path / "b")]
+    for group in ("model", "ema"):
+        a, b = (load_file(d / f"{group}.safetensors") for d in last)
+        assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a), group
+    states = [torch.load(d / "state.pt", weights_only=True)["optimizer"]["state"] for d in last]
+    assert all(
+        torch.equal(x, y) for k in states[0] for x, y in zip(*(s[k].values() for s in states), strict=True)
+    )
+    after = [read_metrics(d.parents[1] / "metrics.jsonl")[-1] for d in last]
+    assert after[0]["step"] == after[1]["step"] == 2
+    clocks = [k for k in after[1] if k == "samples_per_s" or any(p.startswith("time") for p in k.split("/"))]
+    same = [k for k in after[1] if k not in clocks]
+    assert {k: after[0][k] for k in same} == {k: after[1][k] for k in same}

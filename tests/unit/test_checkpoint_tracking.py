@@ -7,7 +7,13 @@ import json
 import pytest
 import torch
 
-from sanarl.training.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
+from sanarl.training.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    load_extra,
+    resolve_resume,
+    save_checkpoint,
+)
 from sanarl.training.tracking import MetricsLogger, plot_metrics, read_metrics
 
 
@@ -24,6 +30,25 @@ def test_round_trip_and_rotation(tmp_path):
     tensors, state, meta = load_checkpoint(kept[-1])
     assert torch.equal(tensors["model"]["w"], torch.full((2, 2), 15.0))
     assert state == {"optimizer": {"lr": 0.1}} and meta == {"world_size": 1, "step": 15}
+    assert not list(tmp_path.glob(".staging-*"))
+
+
+def test_extras_are_written_inside_the_atomic_checkpoint(tmp_path):
+    """`extras` land as `<name>.pt` in the same staging directory (weights_only loadable), not as tensor groups."""
+    extra = {"steps": [0, 10], "samples": {10: {"images": torch.zeros(1, 3, 2, 2, dtype=torch.uint8)}}}
+    path = save_checkpoint(tmp_path, 10, {"model": {"w": torch.ones(1)}}, {}, {}, extras={"guard": extra})
+    assert sorted(p.name for p in path.iterdir()) == [
+        "guard.pt",
+        "meta.json",
+        "model.safetensors",
+        "state.pt",
+    ]
+    loaded = load_extra(path, "guard")
+    assert loaded["steps"] == [0, 10] and torch.equal(
+        loaded["samples"][10]["images"], extra["samples"][10]["images"]
+    )
+    assert set(load_checkpoint(path)[0]) == {"model"}
+    assert load_extra(save(tmp_path, 20), "guard") is None
     assert not list(tmp_path.glob(".staging-*"))
 
 

@@ -1,5 +1,6 @@
 """The reward-hacking alarm (sanarl/training/guard.py, `[validation.guard]`): hand-derived guard series that trigger
-and do not trigger, the guard's bookkeeping of best checkpoints and grids, and its config checks."""
+and do not trigger, the guard's bookkeeping of best checkpoints and grids, its history across a checkpoint and
+resume, and its config checks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from PIL import Image
 from sanarl.config import loads_config
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.errors import ConfigError
+from sanarl.training.checkpoint import load_extra, save_checkpoint
 from sanarl.training.guard import Alarm, Guard, best_index, find_alarm, image_guard_stats, trained_at
 
 EXTRA = GuardMetricConfig("heldout/shapes/extra", "higher", 0.5)
@@ -108,6 +110,79 @@ def test_guard_keeps_the_best_checkpoint_and_draws_the_alarm(tmp_path):
     grid = Image.open(tmp_path / "guard" / "alarm_step_00000020.png")
     assert grid.size == (2 * 128, 2 * (128 + 34))  # two columns (the samples), rows best / current
     assert set(guard.samples) == {10, 20}
+
+
+def _validate(guard: Guard, step: int, extra: float, images: torch.Tensor) -> tuple[bool, bool]:
+    """The steps since the previous validation (trained reward 0.4 up to step 10, 0.5 after), then validation `step`
+    with the guard metric at `extra`; keeps the checkpoint when the guard asks. Returns the decision."""
+    for s in range(max(step - 9, 1), step + 1):
+        guard.record_step(s, {"reward/mean": 0.4 if s <= 10 else 0.5})
+    guard.observe(step, images, ["a circle", "a square"], {EXTRA.key: extra})
+    keep, stop = guard.decide(step)
+    if keep:
+        guard.keep_checkpoint(step, _tensors(float(step)))
+    return keep, stop
+
+
+def test_guard_history_survives_a_checkpoint_and_resume(tmp_path):
+    """Validations 0 and 10 (the best: extra 0.0), a training checkpoint at 10 holding guard.pt, then the run goes on
+    to validation 20 (a new best, kept) and is killed. Resumed at 10, the guard forgets validation 20 and its kept
+    checkpoint, and a worse validation 20 (0.9) fires against the pre-resume best: the trained-reward rise is measured
+    against the steps before the resume, the rollback finds guard/step_10 and the grid's top row is step 10's
+    samples. A fresh guard (no history) takes the same validation as its first best and stays silent."""
+    cfg = GuardConfig(enable=True, metrics=[EXTRA], action="stop")
+    gen = torch.Generator().manual_seed(0)
+    images = {step: torch.rand(2, 3, 8, 8, generator=gen) for step in STEPS}
+    before = Guard(cfg, tmp_path)
+    assert [_validate(before, step, extra, images[step]) for step, extra in [(0, 0.3), (10, 0.0)]] == [
+        (True, False),
+        (True, False),
+    ]
+    ckpt = save_checkpoint(
+        tmp_path / "checkpoints", 10, _tensors(10.0), {}, {}, extras={"guard": before.checkpoint_state()}
+    )
+    assert _validate(before, 20, -1.0, images[20]) == (True, False)  # past the checkpoint: lost with the kill
+
+    after = Guard(cfg, tmp_path)
+    after.forget_after(10)
+    after.load_checkpoint_state(load_extra(ckpt, "guard"), upto=10)
+    assert after.steps == [0, 10] and after.values == {EXTRA.key: [0.3, 0.0]}
+    assert after.trained == [(s, 0.4) for s in range(1, 11)]
+    assert sorted(p.name for p in (tmp_path / "guard").glob("step_*")) == ["step_00000010"]
+    assert _validate(after, 20, 0.9, images[20]) == (False, True)
+    alarm = after.alarm
+    assert (alarm.key, alarm.step, alarm.best_step, alarm.value, alarm.best) == (EXTRA.key, 20, 10, 0.9, 0.0)
+    assert (alarm.trained_best, alarm.trained_now) == pytest.approx((0.4, 0.5))
+    assert after.best_checkpoint() == tmp_path / "guard" / "step_00000010"
+    grid = Image.open(tmp_path / "guard" / "alarm_step_00000020.png").convert("RGB")
+    first = images[10][0].mul(255).round().to(torch.uint8)  # the top-left tile: sample 0 of step 10, upscaled
+    assert grid.getpixel((8, 8)) == tuple(first[:, 0, 0].tolist())
+    assert grid.getpixel((127, 127)) == tuple(first[:, -1, -1].tolist())
+
+    fresh = Guard(cfg, tmp_path / "fresh")
+    assert _validate(fresh, 20, 0.9, images[20]) == (True, False)
+
+
+def test_restored_guard_history_stops_at_the_checkpoint_step(tmp_path):
+    """A history saved at step 20 and loaded up to step 10 (an older checkpoint named by path) keeps only the
+    validations, trained rewards, samples and alarm up to 10; a metric the saved run did not watch has NaN there."""
+    cfg = GuardConfig(enable=True, metrics=[EXTRA], action="log")
+    guard = Guard(cfg, tmp_path)
+    for step, extra in [(0, 0.3), (10, 0.0), (20, 0.9)]:
+        _validate(guard, step, extra, torch.full((2, 3, 8, 8), step / 20))
+    assert guard.alarm is not None and guard.alarm.step == 20
+    state = guard.checkpoint_state()
+    assert set(state["samples"]) == {10}  # only the best validation's samples are kept
+    both = Guard(GuardConfig(enable=True, metrics=[EXTRA, BRIGHT]), tmp_path / "b")
+    both.load_checkpoint_state(state, upto=10)
+    assert both.steps == [0, 10] and both.values[EXTRA.key] == [0.3, 0.0]
+    assert all(math.isnan(v) for v in both.values[BRIGHT.key])
+    assert max(s for s, _ in both.trained) == 10 and both.alarm is None
+    # samples come back from uint8: 0.5 -> 128 / 255
+    assert set(both.samples) == {10} and torch.equal(both.samples[10][0], torch.full((2, 3, 8, 8), 128 / 255))
+    renamed = Guard(GuardConfig(enable=True, metrics=[EXTRA], trained_metric="reward/other"), tmp_path / "c")
+    renamed.load_checkpoint_state(state, upto=20)
+    assert renamed.trained == [] and renamed.alarm == guard.alarm
 
 
 def test_a_guard_key_the_validation_did_not_log_names_what_it_logged(tmp_path):
