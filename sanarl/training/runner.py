@@ -3,8 +3,8 @@
 Per optimizer step: the task yields micro-batches; each loss is divided by their number before backward (so
 accumulation over micro-batches equals one big batch), gradients are clipped, the optimizer and LR schedule step,
 then the task hook and the EMA run. Every step appends one JSON object to `metrics.jsonl`. Checkpoints every
-`train.ckpt.save_freq` steps hold everything resume needs (a checkpoint at a validation step is written after that
-validation, so it holds the reward-hacking guard's history through it); data order and noise are pure functions of
+`train.ckpt.save_freq` steps hold everything resume needs (with the reward-hacking guard on, a checkpoint at a
+validation step is written after that validation, so it holds the guard's history through it); data order and noise are pure functions of
 (seed, step, rank), so a resumed run continues exactly like an uninterrupted one.
 
 Many processes (`accelerate launch`, docs/multi-gpu.md): DDP or FSDP2 through accelerate. Every rank runs the same
@@ -431,28 +431,47 @@ class Runner:
                     )
                 if done % cfg.logging.log_freq == 0 or done == self.total_steps:
                     bar.update(job, completed=done, total=self.total_steps, info=_short(metrics))
+                if not self._save_after_validation:
+                    last_save = self._save_if_due(done, last_save)
                 if val.enable and done % val.freq == 0 and done < self.total_steps:
                     self.validate(done, logger)
                     guard_stop = self._guard_after_validation(done, logger)
                     if guard_stop:
                         self.total_steps = done
-                # after the validation: a checkpoint of this step holds the guard's history through it
-                timed_save = self._minutes_passed(last_save, cfg.train.ckpt.save_every_minutes)
-                if (done % cfg.train.ckpt.save_freq == 0 or timed_save) and done < self.total_steps:
-                    self.save(done)
-                    last_save = time.monotonic()
+                if self._save_after_validation:
+                    last_save = self._save_if_due(done, last_save)
                 if done >= self.total_steps:
                     break
         return metrics, guard_stop
 
+    @property
+    def _save_after_validation(self) -> bool:
+        """Whether a step's checkpoint waits for its validation: with the reward-hacking guard, so that it holds
+        the guard's history through that validation (a resumed run never repeats it); without, it comes first, so
+        a failing validation never costs the step's checkpoint."""
+        return self.guard is not None
+
+    def _save_if_due(self, done: int, last_save: float) -> float:
+        """The checkpoint of step `done` when `save_freq` or `save_every_minutes` asks for one (not at the last
+        step: `_finish` writes that); returns the time of the last save."""
+        ckpt = self.cfg.train.ckpt
+        timed = self._minutes_passed(last_save, ckpt.save_every_minutes)
+        if (done % ckpt.save_freq == 0 or timed) and done < self.total_steps:
+            self.save(done)
+            return time.monotonic()
+        return last_save
+
     def _finish(self, logger: MetricsLogger, guard_stop: bool) -> Path | None:
-        """Final validation and checkpoint (the last trained state, with the guard's history through that
-        validation), the guard's rollback, the export and the metrics plot."""
+        """Final checkpoint and validation (in `_save_after_validation`'s order), the guard's rollback, the export
+        and the metrics plot."""
         acc = self.acc
+        if not self._save_after_validation:
+            self.save(self.total_steps)
         if self.cfg.validation.enable and not guard_stop:
             self.validate(self.total_steps, logger)
             guard_stop = self._guard_after_validation(self.total_steps, logger)
-        self.save(self.total_steps)
+        if self._save_after_validation:
+            self.save(self.total_steps)
         rolled_back = self._roll_back_to_guard_best() if guard_stop else None
         export_dir = self.export()
         if guard_stop and acc.is_main_process:

@@ -203,3 +203,25 @@ def test_config_written_is_the_resolved_one(tmp_path):
     text = (tmp_path / "config.toml").read_text()
     assert loads_config(text).config.train.optm_lr == 0.0005
     assert json.loads(json.dumps(outcome.plan))  # the plan is plain data
+
+
+def test_a_failing_validation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypatch):
+    """Without the reward-hacking guard a step's checkpoint is written before its validation: a validation that
+    crashes (here at step 4) leaves the step-4 checkpoint to resume from."""
+    from sanarl.training.runner import Runner
+
+    def crash(self, step, logger):
+        raise RuntimeError(f"validation failed at step {step}")
+
+    monkeypatch.setattr(Runner, "validate", crash)
+    out = tmp_path / "run"
+    extra = (
+        "validation.enable=true",
+        "validation.freq=4",
+        "validation.num_samples=2",
+        "validation.batch_size=2",
+    )
+    with pytest.raises(RuntimeError, match="step 4"):
+        run(out, 8, *extra)
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step_00000004"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
