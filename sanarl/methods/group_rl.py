@@ -62,7 +62,6 @@ class GroupRLTask(Task):
         self.view = group_view(cfg)
         self.train_dataset = load_prompt_dataset(cfg, plugin, world)
         self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
-        self.reward_fn = reward_function(self.view.train_policy, self.view.rollout)
         self.engine: RolloutEngine | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_groups: list[PromptGroup] = []
@@ -74,7 +73,7 @@ class GroupRLTask(Task):
         self.engine = RolloutEngine(
             v.rollout,
             v.diffusers,
-            self.reward_fn,
+            reward_function(v.train_policy, v.rollout),
             self.adapter,
             uses_lora=self.uses_lora,
             compile=self.run.compile,
