@@ -73,14 +73,23 @@ def _gemma(vocab_size: int, hidden: int):
     return Gemma2Model(cfg)
 
 
-def _sana_transformer(
-    channels: int, heads: int, head_dim: int, layers: int, caption: int, patch: int, **extra: Any
+def sana_transformer(
+    channels: int,
+    heads: int,
+    head_dim: int,
+    layers: int,
+    caption: int,
+    patch: Any,
+    cls: Any = None,
+    **extra: Any,
 ) -> Any:
-    """A SanaTransformer2DModel on an 8 x 8 token grid whose self- and cross-attention share `heads` x `head_dim`
-    (cross-attention width heads * head_dim), reading `caption`-wide text states; `extra` = more config keys."""
-    from diffusers import SanaTransformer2DModel
+    """A SANA transformer (`cls`, default SanaTransformer2DModel; the video builders pass their 3D class) on an
+    8 x 8 token grid whose self- and cross-attention share `heads` x `head_dim` (cross-attention width
+    heads * head_dim), reading `caption`-wide text states; `extra` = more config keys."""
+    if cls is None:
+        from diffusers import SanaTransformer2DModel as cls
 
-    return SanaTransformer2DModel(
+    return cls(
         in_channels=channels,
         out_channels=channels,
         num_attention_heads=heads,
@@ -104,7 +113,7 @@ def build_shapes_pipeline(seed: int = 0):
 
     torch.manual_seed(seed)
     tokenizer = word_tokenizer()
-    transformer = _sana_transformer(
+    transformer = sana_transformer(
         3, heads=4, head_dim=32, layers=6, caption=64, patch=4, interpolation_scale=1
     )
     return SanaPipeline(
@@ -136,7 +145,7 @@ def build_sana_dcae_pipeline(seed: int = 0):
         decoder_qkv_multiscales=((), (), (5,)),
         scaling_factor=0.41,
     )
-    transformer = _sana_transformer(4, heads=2, head_dim=8, layers=2, caption=32, patch=1)
+    transformer = sana_transformer(4, heads=2, head_dim=8, layers=2, caption=32, patch=1)
     return SanaPipeline(
         tokenizer=tokenizer,
         text_encoder=_gemma(len(tokenizer), 32),

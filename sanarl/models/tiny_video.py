@@ -26,7 +26,7 @@ from diffusers.models.autoencoders.vae import DecoderOutput, EncoderOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from sanarl.models.tiny import SHAPES_VOCABULARY, _gemma, word_tokenizer
+from sanarl.models.tiny import SHAPES_VOCABULARY, _gemma, sana_transformer, word_tokenizer
 
 MOTION_WORDS: tuple[str, ...] = ("moving", "moves", "toward", "towards", "up", "down", "upward", "downward")
 """Words the moving-shapes captions add to the shapes vocabulary (a test checks every caption is covered)."""
@@ -144,21 +144,9 @@ def _transformer(
     patch: tuple,
     cls: type = SanaVideoTransformer3DModel,
 ):
-    width = heads * head_dim
-    return cls(
-        in_channels=in_channels,
-        out_channels=in_channels,
-        num_attention_heads=heads,
-        attention_head_dim=head_dim,
-        num_layers=layers,
-        num_cross_attention_heads=heads,
-        cross_attention_head_dim=head_dim,
-        cross_attention_dim=width,
-        caption_channels=caption,
-        mlp_ratio=2.0,
-        sample_size=8,
-        patch_size=patch,
-        rope_max_seq_len=64,
+    """The tiny video transformer: `tiny.sana_transformer` with the video model's MLP ratio and RoPE length."""
+    return sana_transformer(
+        in_channels, heads, head_dim, layers, caption, patch, cls=cls, mlp_ratio=2.0, rope_max_seq_len=64
     )
 
 
