@@ -10,6 +10,7 @@ branch on the model family.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from torch.utils.data import Dataset
 
 from sanarl.config.schema import Config, LoraConfig
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
-from sanarl.errors import ConfigError
+from sanarl.errors import ConfigError, DataError
 from sanarl.models.base import DiffusionAdapter
 from sanarl.training.distributed import load_full_state
 
@@ -81,6 +82,16 @@ def planned_steps(run: RunSettings, per_epoch: int) -> int:
     return min(total, run.max_num_steps) if run.max_num_steps is not None else total
 
 
+def load_train_dataset(cfg: Config, plugin) -> Dataset:
+    """The plugin's training dataset, checked non-empty (DataError naming the plugin and the key)."""
+    dataset = plugin.get_dataset(cfg)
+    if len(dataset) == 0:
+        raise DataError(
+            f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
+        )
+    return dataset
+
+
 class Task(ABC):
     """Base of SFT / NFT / GRPO / SOAR tasks."""
 
@@ -108,8 +119,8 @@ class Task(ABC):
         self.uses_lora = self.run.lora is not None
         self.run_dir = None
         get_val = getattr(plugin, "get_val_dataset", None)
-        self._load_val = (lambda: get_val(cfg)) if get_val is not None else (lambda: None)
-        self._val_dataset: Dataset | None = None
+        # built on first use and kept: a run without validation never builds it
+        self._val_dataset = functools.cache(lambda: get_val(cfg) if get_val is not None else None)
 
     # --- model setup --------------------------------------------------------------------------------------------
     def setup_model(self) -> None:
@@ -201,9 +212,8 @@ class Task(ABC):
 
     def _validation_dataset(self):
         """The plugin's validation set, else the training set."""
-        if self._val_dataset is None:
-            self._val_dataset = self._load_val()  # on first use: a run without validation never builds it
-        return self._val_dataset if self._val_dataset is not None else self.train_dataset
+        dataset = self._val_dataset()
+        return dataset if dataset is not None else self.train_dataset
 
     def validation_prompts(self, count: int) -> list[str]:
         """Prompts for validation grids: the plugin's validation set, else the first training prompts."""

@@ -22,7 +22,7 @@ from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
 from sanarl.methods.sft.config import SFTView, view
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, per_rank_batch, planned_steps, run_settings
+from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, planned_steps, run_settings
 
 
 def draw_flow_matching_noise(
@@ -108,11 +108,7 @@ class SFTTask(Task):
 
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.train_dataset = plugin.get_dataset(cfg)
-        if len(self.train_dataset) == 0:
-            raise DataError(
-                f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
-            )
+        self.train_dataset = load_train_dataset(cfg, plugin)
         self.collate = getattr(plugin, "collate", default_collate)
         self.view = view(cfg)
         self.diff = self.view.diffusers

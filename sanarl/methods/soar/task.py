@@ -64,7 +64,7 @@ from sanarl.methods.soar.config import (
 )
 from sanarl.models.base import Cond
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, per_rank_batch, planned_steps, run_settings
+from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, planned_steps, run_settings
 
 
 def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
@@ -282,11 +282,7 @@ class SOARTask(Task):
         self.view = view(cfg)
         self.soar = self.view.soar
         validate(cfg)  # also for a config built in code, which never went through the loader
-        self.train_dataset = plugin.get_dataset(cfg)
-        if len(self.train_dataset) == 0:
-            raise DataError(
-                f"the dataset of plugin `{plugin.__name__}` is empty; check train.train_policy.dataset."
-            )
+        self.train_dataset = load_train_dataset(cfg, plugin)
         self.collate = getattr(plugin, "collate", default_collate)
         self.flow_shift = self.view.diffusers.sample.flow_shift
         self._uncond: Cond | None = None
