@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from sanarl.errors import UserError
+
 PREFIX = "step_"
 
 
@@ -82,9 +84,21 @@ def load_checkpoint(path: Path) -> tuple[dict[str, dict[str, torch.Tensor]], dic
 
 
 def load_extra(path: Path, name: str) -> Any | None:
-    """The extra state `name` a checkpoint directory holds (`<name>.pt`), or None when it holds none."""
+    """The extra state `name` a checkpoint directory holds (`<name>.pt`), or None when it holds none.
+
+    Raises:
+        UserError: the file is there but unreadable (naming it and the fix).
+    """
     file = path / f"{name}.pt"
-    return torch.load(file, map_location="cpu", weights_only=True) if file.is_file() else None
+    if not file.is_file():
+        return None
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (truncated, foreign or not a torch file: all the same to the user)
+        raise UserError(
+            f"{file} is not a readable checkpoint file ({type(err).__name__}); delete it to resume without "
+            f"its state ({name} starts afresh), or resume from another checkpoint with train.resume = <path>."
+        ) from err
 
 
 def resolve_resume(resume: bool | str, checkpoints_root: Path) -> Path | None:

@@ -172,8 +172,9 @@ class Runner:
         under guard/ past that step is removed (those validations come again)."""
         if self.guard is None or not self.acc.is_main_process:
             return
-        self.guard.forget_after(self.start_step)
+        # read first: an unreadable guard.pt stops the resume before anything under guard/ changes
         state = load_extra(path, "guard")
+        self.guard.forget_after(self.start_step)
         if state is None:
             self.console.print(
                 f"[yellow]checkpoint {path} holds no guard history (guard.pt)[/]: the reward-hacking guard starts "

@@ -83,6 +83,16 @@ def test_a_resumed_run_fires_against_the_best_from_before_the_resume_and_rolls_b
     assert (tmp_path / "checkpoints" / "step_00000002" / "guard.pt").is_file()
     kept_before = sorted(p.name for p in (tmp_path / "guard").glob("step_*"))
     resume = ("train.max_num_steps=4", "train.resume=true", *GUARD)
+
+    # an unreadable guard.pt stops the resume with exit 2, naming the file, and changes nothing on disk
+    saved = tmp_path / "checkpoints" / "step_00000002" / "guard.pt"
+    good, files_before = saved.read_bytes(), sorted(str(p) for p in tmp_path.rglob("*"))
+    saved.write_bytes(b"not a torch file")
+    code, _, stderr = run_cli(*base, *[x for s in resume for x in ("--set", s)])
+    assert code == 2 and "guard.pt is not a readable checkpoint file" in " ".join(stderr.split())
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == files_before
+    saved.write_bytes(good)
+
     code, stdout, stderr = run_cli(*base, *[x for s in resume for x in ("--set", s)])
     assert code == 0, stderr
     assert "resumed" in stdout

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from sanarl.errors import UserError
 from sanarl.training.checkpoint import (
     list_checkpoints,
     load_checkpoint,
@@ -50,6 +51,16 @@ def test_extras_are_written_inside_the_atomic_checkpoint(tmp_path):
     assert set(load_checkpoint(path)[0]) == {"model"}
     assert load_extra(save(tmp_path, 20), "guard") is None
     assert not list(tmp_path.glob(".staging-*"))
+
+
+def test_an_unreadable_extra_is_a_user_error_naming_the_file(tmp_path):
+    path = save_checkpoint(
+        tmp_path, 10, {"model": {"w": torch.ones(1)}}, {}, {}, extras={"guard": {"steps": []}}
+    )
+    (path / "guard.pt").write_bytes(b"not a torch file")
+    with pytest.raises(UserError, match=r"guard\.pt is not a readable checkpoint file.*delete it") as err:
+        load_extra(path, "guard")
+    assert err.value.exit_code == 2 and str(path / "guard.pt") in str(err.value)
 
 
 def test_incomplete_checkpoints_are_never_resumed(tmp_path):
