@@ -53,3 +53,16 @@ def test_every_cited_section_of_docs_algorithms_exists():
     assert cited, "nothing cites docs/algorithms.md"
     missing = sorted(c for c in cited if c not in titles)
     assert not missing, f"cited sections missing from docs/algorithms.md: {missing}"
+
+
+def test_docs_label_work_by_date_and_commit_not_by_work_period():
+    """README.md and docs/ speak of the project only: a measured number is labelled by its date and commit."""
+    period = re.compile(r"\bsessions?\b|\bround \d", re.IGNORECASE)
+    hits = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if period.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}")
+    assert not hits, "label results by date and commit (e.g. '2026-12-01, commit 6d9e316'):\n" + "\n".join(
+        hits
+    )
