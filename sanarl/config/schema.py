@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 from sanarl.config.choices import (
     AdvMode,
+    DataSource,
     Dtype,
     GuardAction,
     GuardWorse,
@@ -253,13 +254,40 @@ class SoarConfig:
 
 
 @dataclass
+class DDRLConfig:
+    """`[train.train_policy.ddrl]`: data-regularized RL (docs/algorithms.md, "DDRL"); its policy term is Flow-GRPO's
+    (`clip_range`, `kl_beta`, `advantage_low` / `advantage_high` of `[train.train_policy]`). Checked by
+    `sanarl/methods/ddrl/config.py` `check_ddrl_config`."""
+
+    data_beta: float = 0.01
+    """Weight of the flow-matching loss on data (>= 0; Cosmos-RL's DDRL runs: 0.01; 0 = Flow-GRPO's objective)."""
+    data_source: DataSource = "dataset"
+    """dataset: the plugin's (image, caption) items, as SFT reads them, and their captions are the rollout prompts;
+    synthetic: one sample of the frozen base model per prompt group (for a prompt set without images)."""
+    use_rl_sigma_and_noise: bool = True
+    """Data term at the trained step's sigma with the sample's own initial noise (true, Cosmos-RL's default), or at a
+    fresh sigma from `policy.diffusers.weighting_scheme` with fresh noise (false)."""
+    data_on_first_only: bool = False
+    """Take the data term at the first trained step of a rollout only (false: at every trained step)."""
+    train_on: list[int] = field(default_factory=list)
+    """Grid step indices trained per rollout (ascending; each -1 adds one step drawn at random from the others,
+    fresh per rollout); empty = Flow-GRPO's rule (`timesteps_fraction`, or the Fast window). Needs
+    `sde_window_size = 0` (every step stochastic). Cosmos-RL's DDRL runs: [0, 2, ..., 18] of 20 steps."""
+    exp_reward: bool = False
+    """Replace each advantage A by -exp(-A) before the clip (the paper's lambda(x) = -exp(-x))."""
+    update_ref_every_iter: int = 0
+    """Copy the policy into the KL reference before every optimizer step k with k % n = 0 (0 = the reference stays
+    the base model). Needs kl_beta > 0; with LoRA, an adapter "ref" in `policy.lora.lora_names`."""
+
+
+@dataclass
 class TrainPolicyConfig:
     """`[train.train_policy]`: the task."""
 
     type: TaskType = "sft"
     """sft | grpo (Cosmos-RL's name for all reward-based RL)."""
     trainer_type: str = ""
-    """The method of the task type: for grpo diffusion_nft | flow_grpo; for sft "" (plain SFT) | soar (the method
+    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl; for sft "" (plain SFT) | soar (the method
     registry's table, sanarl/methods/registry.py)."""
     mini_batch: int = 1
     """Micro-batch size per forward/backward pass."""
@@ -294,6 +322,7 @@ class TrainPolicyConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
     soar: SoarConfig = field(default_factory=SoarConfig)
+    ddrl: DDRLConfig = field(default_factory=DDRLConfig)
 
 
 @dataclass
