@@ -14,7 +14,6 @@ from typing import Any, get_args
 
 from sanarl.config.choices import (
     AdvMode,
-    DataSource,
     Dtype,
     GuardAction,
     GuardWorse,
@@ -34,6 +33,7 @@ from sanarl.config.choices import (
     WeightCopyDecay,
     Weighting,
 )
+from sanarl.config.ddrl_schema import DDRLConfig
 from sanarl.errors import ConfigError
 
 
@@ -251,33 +251,6 @@ class SoarConfig:
     level_grid: LevelGrid = "scheduler_table"
     """How s0 and s1 are read off u and t1: scheduler_table (HY-SOAR: the scheduler's 1000-level sigma table at
     index trunc((1 - t) 1000)) | continuous (s = shift(t); docs/algorithms.md, "Deliberate differences")."""
-
-
-@dataclass
-class DDRLConfig:
-    """`[train.train_policy.ddrl]`: data-regularized RL (docs/algorithms.md, "DDRL"); its policy term is Flow-GRPO's
-    (`clip_range`, `kl_beta`, `advantage_low` / `advantage_high` of `[train.train_policy]`). Checked by
-    `sanarl/methods/ddrl/config.py` `check_ddrl_config`."""
-
-    data_beta: float = 0.01
-    """Weight of the flow-matching loss on data (>= 0; Cosmos-RL's DDRL runs: 0.01; 0 = Flow-GRPO's objective)."""
-    data_source: DataSource = "dataset"
-    """dataset: the plugin's (image, caption) items, as SFT reads them, and their captions are the rollout prompts;
-    synthetic: one sample of the frozen base model per prompt group (for a prompt set without images)."""
-    use_rl_sigma_and_noise: bool = True
-    """Data term at the trained step's sigma with the sample's own initial noise (true, Cosmos-RL's default), or at a
-    fresh sigma from `policy.diffusers.weighting_scheme` with fresh noise (false)."""
-    data_on_first_only: bool = False
-    """Take the data term at the first trained step of a rollout only (false: at every trained step)."""
-    train_on: list[int] = field(default_factory=list)
-    """Grid step indices trained per rollout (ascending; each -1 adds one step drawn at random from the others,
-    fresh per rollout); empty = Flow-GRPO's rule (`timesteps_fraction`, or the Fast window). Needs
-    `sde_window_size = 0` (every step stochastic). Cosmos-RL's DDRL runs: [0, 2, ..., 18] of 20 steps."""
-    exp_reward: bool = False
-    """Replace each advantage A by -exp(-A) before the clip (the paper's lambda(x) = -exp(-x))."""
-    update_ref_every_iter: int = 0
-    """Copy the policy into the KL reference before every optimizer step k with k % n = 0 (0 = the reference stays
-    the base model). Needs kl_beta > 0; with LoRA, an adapter "ref" in `policy.lora.lora_names`."""
 
 
 @dataclass

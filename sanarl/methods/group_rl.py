@@ -38,7 +38,11 @@ def prompts_per_rank(run: RunSettings, k: int, world: int) -> int:
 
 def load_prompt_dataset(cfg: Config, plugin, world: int):
     """The plugin's prompt dataset, checked non-empty and with whole prompt groups on every rank."""
-    dataset = plugin.get_dataset(cfg)
+    return checked_prompt_dataset(plugin.get_dataset(cfg), cfg, world)
+
+
+def checked_prompt_dataset(dataset, cfg: Config, world: int):
+    """`dataset`, checked non-empty and with whole prompt groups on every rank (DataError / ConfigError)."""
     if len(dataset) == 0:
         raise DataError("the prompt dataset is empty; check train.train_policy.dataset.")
     k, per_rank = cfg.rollout.n_generation, per_rank_batch(run_settings(cfg), world)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config, DDRLConfig
-from sanarl.methods.flow_grpo import config as flow_grpo_config
+from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
+from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
 from sanarl.methods.group_config import GroupRLView, group_view, rollouts_for
 
 KEY = "train.train_policy.ddrl"
@@ -35,7 +36,7 @@ def uses_data_items(cfg: Config) -> bool:
 
 def validate(cfg: Config) -> None:
     """DDRL's cross-field checks: Flow-GRPO's (its policy term and rollout), then `[train.train_policy.ddrl]`."""
-    flow_grpo_config.validate(cfg)
+    flow_grpo_validate(cfg)
     check_ddrl_config(cfg)
 
 
@@ -107,7 +108,7 @@ def _check_train_on(cfg: Config, train_on: list[int]) -> None:
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
     """(images generated, reward calls): Flow-GRPO's, plus one base-model sample per prompt group with synthetic
     data (never scored)."""
-    images, calls = flow_grpo_config.rollout_cost(cfg, steps)
+    images, calls = flow_grpo_rollout_cost(cfg, steps)
     d = cfg.train.train_policy.ddrl
     if d.data_beta > 0 and d.data_source == "synthetic":
         images += rollouts_for(cfg, steps) * (cfg.train.train_batch_per_replica // cfg.rollout.n_generation)

@@ -35,11 +35,11 @@ from sanarl.core.lora import adapters_disabled, copy_adapter, using_adapter
 from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.core.timesteps import sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
-from sanarl.errors import DataError
+from sanarl.errors import ConfigError, DataError
 from sanarl.methods.ddrl.config import DDRLView, uses_data_items, validate, view
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, GRPOBatch
 from sanarl.methods.flow_grpo.trajectory import Trajectory, trainable_positions
-from sanarl.methods.group_rl import load_prompt_dataset
+from sanarl.methods.group_rl import checked_prompt_dataset
 from sanarl.methods.sft.task import draw_vae_noise, encode_media, latent_shape_of, media_key
 from sanarl.models.base import Cond
 from sanarl.training.rollout import PromptGroup, group_seeds
@@ -89,12 +89,22 @@ class DDRLTask(FlowGRPOTask):
         """The plugin's SFT items (image + caption) when the data term reads the dataset, else its prompt set."""
         if not self._data_items:
             return super()._load_dataset(cfg, plugin, world)
-        dataset = load_prompt_dataset(sft_items_config(cfg), plugin, world)
+        fix = (
+            "use a plugin with images and captions (docs/plugins.md) or set train.train_policy.ddrl.data_source = "
+            "'synthetic' (samples of the base model)"
+        )
+        try:
+            items = plugin.get_dataset(sft_items_config(cfg))
+        except (ConfigError, DataError) as err:
+            raise DataError(
+                f"train.train_policy.ddrl.data_source = 'dataset' reads the SFT items (image + caption) of plugin "
+                f"`{plugin.__name__}`, which refused: {err} For DDRL, {fix}."
+            ) from None
+        dataset = checked_prompt_dataset(items, cfg, world)
         if not any(key in dataset[0] for key in ("image", "video")):
             raise DataError(
                 f"train.train_policy.ddrl.data_source = 'dataset' trains on the plugin's images, but "
-                f"`{plugin.__name__}` gives SFT items without an `image` (or `video`); use a plugin with images "
-                "(docs/plugins.md) or set data_source = 'synthetic' (samples of the base model)."
+                f"`{plugin.__name__}` gives SFT items without an `image` (or `video`); {fix}."
             )
         return dataset
 
@@ -159,11 +169,12 @@ class DDRLTask(FlowGRPOTask):
         media = batch[media_key(batch, self.plugin.__name__)]
         latent = latent_shape_of(self.adapter, media.shape)
         want = self.adapter.latent_shape(self.spec.height, self.spec.width)
-        if media.ndim == 4 and tuple(latent) != tuple(want):
+        if tuple(latent) != tuple(want):
             raise DataError(
-                f"the plugin's images are {tuple(media.shape[-2:])} but the rollout samples "
-                f"policy.diffusers.inference_size = [{self.spec.height}, {self.spec.width}]; DDRL's data term needs "
-                "both at one size: resize the data or set inference_size to the images' size."
+                f"the plugin's media {tuple(media.shape[1:])} give latents {tuple(latent)}, but the rollout samples "
+                f"{tuple(want)} (policy.diffusers.inference_size = [{self.spec.height}, {self.spec.width}], video: "
+                "inference_frames); DDRL's data term mixes the data with the rollout's noise, so both need one "
+                "shape: match inference_size (and train_frames to inference_frames) to the data."
             )
         noise = draw_vae_noise(self.adapter, len(media), latent, rng)
         with self._rollout_autocast():
