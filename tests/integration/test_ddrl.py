@@ -244,3 +244,16 @@ def test_the_shipped_tiny_preset_runs_from_the_command_line(tmp_path):
     assert [r["step"] for r in trained] == [1, 2]
     assert all(r["data_loss"] > 0 and r["reward/mean"] == r["reward/mean"] for r in trained)
     assert (out / "export" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_the_plan_counts_the_train_on_steps_and_names_the_data_term():
+    from sanarl.config.presets import resolve_preset_path
+
+    cfg = load_config(resolve_preset_path("sd35m-ddrl")).config
+    rows = dict(DDRLTask.describe(cfg, 1000, 8))
+    assert rows["trained steps"].startswith("10 per sample: train_on = [0, 2, 4")
+    assert (
+        rows["micro-batches"]
+        == "32 / mini_batch 8 = 4 per rank, x 10 trained steps = 40 backward passes (at most)"
+    )
+    assert "0.01 x flow matching on one base-model sample per prompt group" in rows["loss"]

@@ -42,6 +42,7 @@ from sanarl.methods.flow_grpo.trajectory import Trajectory, trainable_positions
 from sanarl.methods.group_rl import checked_prompt_dataset
 from sanarl.methods.sft.task import draw_vae_noise, encode_media, latent_shape_of, media_key
 from sanarl.models.base import Cond
+from sanarl.training.protocol import per_rank_batch, run_settings
 from sanarl.training.rollout import PromptGroup, group_seeds
 
 SYNTHETIC_STREAM = 1
@@ -300,6 +301,13 @@ class DDRLTask(FlowGRPOTask):
             if label == "trained steps" and d.train_on:
                 value = (
                     f"{len(d.train_on)} per sample: train_on = {list(d.train_on)} (-1 = random per rollout)"
+                )
+            if label == "micro-batches" and d.train_on:
+                per_rank, mb = per_rank_batch(run_settings(cfg), world), tp.mini_batch
+                chunks = per_rank // mb
+                value = (
+                    f"{per_rank} / mini_batch {mb} = {chunks} per rank, x {len(d.train_on)} trained steps = "
+                    f"{chunks * len(d.train_on)} backward passes (at most)"
                 )
             if label == "loss":
                 value = f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL{ref} + {data}" + (
