@@ -33,6 +33,8 @@ SoarRolloutType = Literal["simple", "sde", "flow_sde", "cps"]
 """SOAR's step of its stochastic paths."""
 LevelGrid = Literal["scheduler_table", "continuous"]
 """SOAR: how s0 and s1 are read off u and t1."""
+DataSource = Literal["dataset", "synthetic"]
+"""DDRL: where the data of its flow-matching term come from."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]

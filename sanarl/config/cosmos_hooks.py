@@ -39,8 +39,17 @@ class CosmosHooks(Hooks):
     """Cosmos-RL's aliases, dropped keys and value spellings, applied while `Config` is built or overridden."""
 
     def rename_keys(self, data: dict[str, Any], path: str, ctx: Context) -> dict[str, Any]:
-        """Rename alias keys of the table at `path` to their canonical names; both spellings given -> ConfigError."""
+        """Rename alias keys of the table at `path` to their canonical names; both spellings given -> ConfigError.
+        At the root, Cosmos-RL's world-model `[model.rl]` table is read into sanarl's keys (`move_wfm_rl`)."""
         out = dict(data)
+        if path == "":
+            try:
+                out, notes, dropped = cosmos_rl.move_wfm_rl(out)
+            except ValueError as err:
+                raise ConfigError(f"{err} ({ctx.where})") from None
+            ctx.notes.extend(notes)
+            ctx.ignored.extend(dropped)
+            ctx.dropped.update(dropped)
         for alias, canonical in ALL_ALIASES.items():
             a_parent, _, a_key = alias.rpartition(".")
             c_key = canonical.rpartition(".")[2]

@@ -31,6 +31,7 @@ from sanarl.config.cosmos_keys import (
     VALUE_MAPS,
     NotApplicable,
 )
+from sanarl.config.cosmos_wfm_keys import WFM_RL_NOT_APPLICABLE, WFM_RL_RENAMED, WFM_RL_SOURCE
 
 __all__ = [
     "ARRAY_TABLES",
@@ -49,6 +50,9 @@ __all__ = [
     "UNSUPPORTED_FORMS",
     "UNSUPPORTED_VALUES",
     "VALUE_MAPS",
+    "WFM_RL_NOT_APPLICABLE",
+    "WFM_RL_RENAMED",
+    "WFM_RL_SOURCE",
     "NotApplicable",
     "adapt_sft_batch",
     "check_choice",
@@ -57,6 +61,7 @@ __all__ = [
     "is_table",
     "known_children",
     "map_value",
+    "move_wfm_rl",
     "planned_world_size",
     "plugin_for",
     "report",
@@ -76,6 +81,9 @@ def treatment(path: str) -> NotApplicable | None:
     plain = strip_indices(path)
     if plain in NOT_APPLICABLE:
         return NOT_APPLICABLE[plain]
+    for key, rule in WFM_RL_NOT_APPLICABLE.items():  # [model.rl] keys, their sub-tables' keys included
+        if plain == key or plain.startswith(key + "."):
+            return rule
     if plain in SHADOWED:
         return SHADOWED[plain]
     root = plain.split(".")[0]
@@ -397,3 +405,74 @@ def inferred_type_note(given: set[str], values: dict[str, Any]) -> str | None:
         f"`train.train_policy.type` is not set, so sanarl trains SFT (its default); Cosmos-RL would infer "
         f'type = "grpo" from {", ".join(hints)}. Set train.train_policy.type to say which.'
     )
+
+
+def move_wfm_rl(data: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """The root TOML table with Cosmos-RL's `[model.rl]` (its world-model RL config, DDRL's keys) read into sanarl's
+    keys (`WFM_RL_RENAMED`; `guidance` g becomes the scale 1 + g); returns (table, notes, dropped keys -> values).
+
+    Keys without a meaning here (`WFM_RL_NOT_APPLICABLE`) are dropped; an unknown `[model.rl]` key, a key given both
+    ways, or other `[model]` keys raise ValueError naming them. Without a `[model.rl]` table `data` is returned as is.
+    """
+    model = data.get("model")
+    if not isinstance(model, dict) or "rl" not in model:
+        return data, [], {}
+    if set(model) != {"rl"}:
+        extra = ", ".join(f"model.{k}" for k in sorted(set(model) - {"rl"}))
+        raise ValueError(
+            f"`{extra}`: of Cosmos-RL's world-model [model] table sanarl reads only [model.rl] (DDRL's keys); "
+            "set the model with policy.model_name_or_path and remove the other [model] keys."
+        )
+    out = {k: v for k, v in data.items() if k != "model"}
+    notes: list[str] = []
+    dropped: dict[str, Any] = {}
+    for path, value in _flatten("model.rl", model["rl"]):
+        if path in WFM_RL_RENAMED:
+            target, what = WFM_RL_RENAMED[path]
+            if (
+                path == "model.rl.guidance"
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+            ):
+                value = 1.0 + value
+            _place(out, target, value, path)
+            notes.append(
+                f"`{path}` is read as `{target}` = {value!r} ({what}; Cosmos-RL's world-model RL key)."
+            )
+        elif treatment(path) is not None:
+            dropped[path] = value
+        else:
+            known = [
+                *(k.rpartition(".")[2] for k in WFM_RL_RENAMED),
+                *(k.rpartition(".")[2] for k in WFM_RL_NOT_APPLICABLE),
+            ]
+            close = difflib.get_close_matches(path.rpartition(".")[2], known, n=1, cutoff=0.6)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ValueError(
+                f"unknown key `{path}`{hint} (Cosmos-RL's [model.rl] keys: {', '.join(sorted(set(known)))}). Fix its "
+                "spelling or remove it."
+            )
+    return out, notes, dropped
+
+
+def _flatten(prefix: str, table: Any) -> list[tuple[str, Any]]:
+    """(dotted path, value) of every leaf of `table`; a not-applicable sub-table stays one leaf."""
+    if not isinstance(table, dict) or prefix in WFM_RL_NOT_APPLICABLE:
+        return [(prefix, table)]
+    return [item for key, value in table.items() for item in _flatten(f"{prefix}.{key}", value)]
+
+
+def _place(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set `dotted` in the nested table `data`; ValueError when the file already sets it."""
+    *parents, key = dotted.split(".")
+    table = data
+    for part in parents:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"`{source}` maps to `{dotted}`, but `{part}` is not a table in this file.")
+    if key in table:
+        raise ValueError(
+            f"both `{source}` and `{dotted}` are set; they are the same setting (`{source}` is Cosmos-RL's "
+            f"world-model spelling). Keep only `{dotted}`."
+        )
+    table[key] = value

@@ -33,6 +33,7 @@ from sanarl.config.choices import (
     WeightCopyDecay,
     Weighting,
 )
+from sanarl.config.ddrl_schema import DDRLConfig
 from sanarl.errors import ConfigError
 
 
@@ -259,7 +260,7 @@ class TrainPolicyConfig:
     type: TaskType = "sft"
     """sft | grpo (Cosmos-RL's name for all reward-based RL)."""
     trainer_type: str = ""
-    """The method of the task type: for grpo diffusion_nft | flow_grpo; for sft "" (plain SFT) | soar (the method
+    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl; for sft "" (plain SFT) | soar (the method
     registry's table, sanarl/methods/registry.py)."""
     mini_batch: int = 1
     """Micro-batch size per forward/backward pass."""
@@ -294,6 +295,7 @@ class TrainPolicyConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
     soar: SoarConfig = field(default_factory=SoarConfig)
+    ddrl: DDRLConfig = field(default_factory=DDRLConfig)
 
 
 @dataclass

@@ -38,7 +38,11 @@ def prompts_per_rank(run: RunSettings, k: int, world: int) -> int:
 
 def load_prompt_dataset(cfg: Config, plugin, world: int):
     """The plugin's prompt dataset, checked non-empty and with whole prompt groups on every rank."""
-    dataset = plugin.get_dataset(cfg)
+    return checked_prompt_dataset(plugin.get_dataset(cfg), cfg, world)
+
+
+def checked_prompt_dataset(dataset, cfg: Config, world: int):
+    """`dataset`, checked non-empty and with whole prompt groups on every rank (DataError / ConfigError)."""
     if len(dataset) == 0:
         raise DataError("the prompt dataset is empty; check train.train_policy.dataset.")
     k, per_rank = cfg.rollout.n_generation, per_rank_batch(run_settings(cfg), world)
@@ -60,12 +64,16 @@ class GroupRLTask(Task):
     def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = group_view(cfg)
-        self.train_dataset = load_prompt_dataset(cfg, plugin, world)
+        self.train_dataset = self._load_dataset(cfg, plugin, world)
         self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
         self.engine: RolloutEngine | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_groups: list[PromptGroup] = []
         self._pending: tuple[int, list[list[dict]]] | None = None
+
+    def _load_dataset(self, cfg: Config, plugin, world: int):
+        """The prompt stream's dataset (the plugin's RL items; DDRL reads its SFT items instead)."""
+        return load_prompt_dataset(cfg, plugin, world)
 
     def setup_model(self) -> None:
         super().setup_model()
@@ -95,6 +103,11 @@ class GroupRLTask(Task):
     # --- prompts, seeds, advantages -----------------------------------------------------------------------------
     def _step_prompts(self, step: int) -> tuple[list[str], list[dict]]:
         """This rank's prompts (and metadata) of rollout `step`: a pure function of (seed, step, rank)."""
+        items = self._step_items(step)
+        return [it["prompt"] for it in items], [it.get("metadata", {}) for it in items]
+
+    def _step_items(self, step: int) -> list[dict]:
+        """This rank's dataset items of rollout `step`, one per prompt group."""
         idx = step_indices(
             len(self.train_dataset),
             self.run.seed,
@@ -103,8 +116,7 @@ class GroupRLTask(Task):
             world=self.world,
             per_rank=prompts_per_rank(self.run, self.view.rollout.n_generation, self.world),
         )
-        items = [self.train_dataset[i] for i in idx]
-        return [it["prompt"] for it in items], [it.get("metadata", {}) for it in items]
+        return [self.train_dataset[i] for i in idx]
 
     def _group_seeds(self, step: int, count: int, per_group: int) -> list[list[int]]:
         """Sample seeds of this rank's `count` prompt groups, keyed by each group's global position in the step

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sanarl.config import methods as config_methods
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
+from sanarl.methods.ddrl import config as ddrl
 from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
@@ -61,6 +62,8 @@ METHODS: tuple[Method, ...] = (
            nft.rollout_cost, {"nft": "tiny-shapes-nft", "nft-solrl": "tiny-shapes-nft-solrl"}),
     Method("flow_grpo", "grpo", "flow_grpo", "sanarl.methods.flow_grpo.task:FlowGRPOTask", flow_grpo.view,
            flow_grpo.validate, flow_grpo.rollout_cost, {"grpo": "tiny-shapes-grpo"}),
+    Method("ddrl", "grpo", "ddrl", "sanarl.methods.ddrl.task:DDRLTask", ddrl.view, ddrl.validate,
+           ddrl.rollout_cost, {"ddrl": "tiny-shapes-ddrl"}),
 )  # fmt: skip
 
 for _method in METHODS:

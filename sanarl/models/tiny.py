@@ -205,7 +205,10 @@ def ensure_tiny_pipeline(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        _builder(name)().save_pretrained(str(staging))
+        # the builders seed torch's global generator; keep the caller's stream as it was, so that the run that
+        # builds the model on first use draws what every later run (which loads it) draws, e.g. its LoRA init
+        with torch.random.fork_rng(devices=[]):
+            _builder(name)().save_pretrained(str(staging))
         os.replace(staging, target)
     except OSError:
         if not (target / "model_index.json").is_file():  # a concurrent builder won the rename: fine

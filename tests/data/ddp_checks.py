@@ -1,6 +1,6 @@
 """Launched by accelerate in test_multiprocess.py (2 processes, gloo on CPU); its functions also run in-process as
 the 1-process reference. One launch covers: SFT under DDP (weights equal across ranks, disjoint reads, rank-0-only
-files, resume equals an uninterrupted run), NFT (advantages over all ranks' rewards) and the FSDP2 gather / scatter helpers under torch's own `fully_shard`."""
+files, resume equals an uninterrupted run), NFT (advantages over all ranks' rewards), DDRL (its data term under DDP) and the FSDP2 gather / scatter helpers under torch's own `fully_shard`."""
 
 from __future__ import annotations
 
@@ -60,6 +60,14 @@ def nft(out: Path, advantages: list):
         return api.train(load_config(preset, overrides), "sanarl.datasets.shapes")
     finally:
         NFTTask._advantages = original
+
+
+def ddrl(out: Path):
+    """Two DDRL steps with 2 prompt groups of 4 per global batch and the data term on the shapes renderings (no
+    per-rank randomness: explicit train_on, the rollout's own noise and levels), so W ranks equal one rank."""
+    overrides = [f"train.output_dir={out}", "train.max_num_steps=2", "train.train_batch_per_replica=8"]
+    preset = ROOT / "tests" / "data" / "presets" / "ddrl-tiny.toml"
+    return api.train(load_config(preset, overrides), "sanarl.datasets.shapes")
 
 
 def weights(outcome) -> dict[str, torch.Tensor]:
@@ -122,6 +130,7 @@ def main(out: Path) -> None:
     advantages: list = []
     rl = nft(out / "nft", advantages)
     save_file(weights(rl), str(out / f"nft_rank{rank}.safetensors"))
+    save_file(weights(ddrl(out / "ddrl")), str(out / f"ddrl_rank{rank}.safetensors"))
     report = {
         "world": a.task.world,
         "reads": reads,

@@ -4,7 +4,7 @@ tests/data/ddp_checks.py, whose results are checked here against 1-process runs 
 Checked: DDP ranks end with identical weights; each rank reads a disjoint half of the global batch; 2 processes
 equal 1 process with the same global batch (loss and weights, given the same per-rank noise); only rank 0 writes
 (one checkpoint layout, no per-rank files); resume in 2 processes equals an uninterrupted run; NFT advantages are
-computed over all ranks' rewards (global std) and each rank keeps its slice. A second launch runs the same
+computed over all ranks' rewards (global std) and each rank keeps its slice; DDRL in 2 processes equals 1 process. A second launch runs the same
 functions under FSDP2 (sanarl/data/accelerate/fsdp_cpu.yaml): sharded training, resume and export work, and FSDP ends
 where DDP ends.
 """
@@ -52,7 +52,7 @@ def test_ranks_split_the_global_batch_and_keep_identical_weights(launched):
         assert report["reads"][: steps * per_rank] == sum(expected, [])
     reads = [set(r["reads"][: steps * per_rank]) for r in ranks]
     assert not reads[0] & reads[1] and len(reads[0] | reads[1]) == steps * per_rank * 2
-    for name in ("sft3", "resumed4", "nft"):
+    for name in ("sft3", "resumed4", "nft", "ddrl"):
         w0, w1 = (load_file(str(launched / f"{name}_rank{r}.safetensors")) for r in (0, 1))
         assert all(torch.equal(w0[k], w1[k]) for k in w0), name
 
@@ -134,6 +134,24 @@ def test_nft_advantages_use_all_ranks_rewards_and_match_one_rank_with_both_group
     assert one["prompts"] == ranks[0]["prompts"] + ranks[1]["prompts"]
     assert torch.allclose(torch.tensor(one["rewards"], dtype=torch.float64), rewards, atol=1e-6)
     assert torch.allclose(torch.tensor(one["adv"], dtype=torch.float64), adv, atol=1e-5)
+
+
+def test_ddrl_in_two_processes_equals_one_process_with_both_groups(launched, tmp_path):
+    """DDRL's policy and data terms share one forward per backward (DDP), and with explicit steps and the rollout's
+    own noise nothing depends on the rank: 2 ranks of one group each end where 1 rank with both groups ends."""
+    import ddp_checks
+
+    one = ddp_checks.ddrl(tmp_path / "ddrl1")
+    assert one.task.world == 1
+    w1, w2 = ddp_checks.weights(one), load_file(str(launched / "ddrl_rank0.safetensors"))
+    lora = [k for k in w2 if "lora_" in k]
+    assert (
+        lora and max(float(w2[k].abs().max()) for k in lora if "lora_B" in k) > 0
+    )  # training moved the adapter
+    worst = max(float((w1[k] - w2[k]).abs().max()) for k in w2)
+    assert worst < 5e-5, worst
+    records = _records(tmp_path / "ddrl1") + _records(launched / "ddrl")
+    assert len(records) == 4 and all(r["data_loss"] > 0 for r in records)
 
 
 @pytest.fixture(scope="module")

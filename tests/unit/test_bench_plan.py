@@ -34,6 +34,25 @@ def test_explicit_options_replace_the_plan_values():
         resolve_plan(False, None, None, 0.0)
 
 
+def test_ddrl_is_a_bench_method_with_its_rollout_cost():
+    from sanarl.bench.methods import METHODS, RATIOS, rollout_cost
+    from sanarl.config import load_config
+    from sanarl.config.presets import resolve_preset_path
+
+    plan = resolve_plan(False, "ddrl,grpo,nft,sft-more", 3, 30.0)
+    assert plan.methods == ("ddrl", "grpo", "nft", "sft-more") and METHODS["ddrl"] == "tiny-shapes-ddrl"
+    assert ("ddrl", "grpo") in [(a, b) for a, b, _ in RATIOS]
+    cfg = load_config(resolve_preset_path("tiny-shapes-ddrl")).config
+    assert rollout_cost(cfg, 10) == (
+        640,
+        640,
+    )  # 64 rollout samples per step, each scored; the data are renderings
+    synthetic = load_config(
+        resolve_preset_path("tiny-shapes-ddrl"), ["train.train_policy.ddrl.data_source=synthetic"]
+    ).config
+    assert rollout_cost(synthetic, 10) == (640 + 80, 640)  # plus one unscored base sample per prompt group
+
+
 def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
     out = tmp_path / "bench"
     code, stdout, stderr = run_cli("bench", "shapes", "--plan", "--output", out)

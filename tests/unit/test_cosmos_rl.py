@@ -459,3 +459,118 @@ def test_cosmos_rl_prompt_set_names_resolve_or_name_the_file_to_provide(name, sp
         assert "train.txt" in message or "generated" in message, message
         return
     assert len(data) > 0 and isinstance(data[0]["prompt"], str)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cosmos-RL's world-model RL keys ([model.rl], DDRL)
+# ---------------------------------------------------------------------------------------------------------------
+
+# RLConfig and RewardConfig of cosmos_rl/policy/config/wfm/__init__.py (nvidia-cosmos/cosmos-rl, cosmos_rl.WFM_RL_SOURCE)
+WFM_RL_KEYS = (
+    "enabled update_ref_every_iter num_rollout sample_steps train_on on_policy solver_option s_churn s_t_max s_t_min "
+    "s_noise guidance min_num_conditional_frames max_num_conditional_frames clip_ratio kl_beta data_beta "
+    "use_rl_sigma_and_noise data_on_first_only use_same_seed exp_reward"
+).split() + [
+    f"reward_config.{k}"
+    for k in "ALL_REWARD_MODELS adv_clip_max adv_clip_min aesthetic image_reward remote_reward fake_reward".split()
+]
+
+# [model.rl] of configs/cosmos-predict2-5/cosmos-predict2-5-2b-720-reason-embedding-ddrl.toml, plus the keys it leaves
+# at their defaults
+COSMOS_DDRL = """
+[model.rl]
+sample_steps = 20
+num_rollout = 8
+train_on = [0,2,4,6,8,10,12,14,16,18]
+update_ref_every_iter = 0
+data_beta = 0.01
+guidance = 0.0
+kl_beta = 0.0
+min_num_conditional_frames = 0
+use_same_seed = false
+clip_ratio = 0.0001
+s_churn = 1.0
+[model.rl.reward_config]
+adv_clip_max = 5.0
+adv_clip_min = -5.0
+[model.rl.reward_config.remote_reward]
+enabled = true
+"""
+
+
+def _ddrl_text(extra: str = "") -> str:
+    text = (ROOT / "sanarl" / "presets" / "tiny-shapes-ddrl.toml").read_text()
+    for key in (
+        "num_steps = 10",
+        "n_generation = 8",
+        "sde_window_size = 3",
+        "clip_range = 1e-5",
+        "kl_beta = 0.0",
+        "guidance_scale = 1.0",
+    ):
+        text = text.replace(key + "\n", "")  # the file leaves them to [model.rl]
+    text = text.replace("advantage_low = -5.0\nadvantage_high = 5.0\n", "")
+    return (
+        text.replace("[train.train_policy.ddrl]\ndata_beta = 0.01\n", "[train.train_policy.ddrl]\n") + extra
+    )
+
+
+def test_every_wfm_rl_key_is_mapped_or_not_applicable() -> None:
+    for key in WFM_RL_KEYS:
+        path = f"model.rl.{key}"
+        assert (path in cosmos_rl.WFM_RL_RENAMED) != (cosmos_rl.treatment(path) is not None), path
+    honoured = sanarl_leaves()
+    assert all(target in honoured for target, _ in cosmos_rl.WFM_RL_RENAMED.values())
+
+
+def test_cosmos_rl_ddrl_model_rl_table_is_read_into_sanarls_keys() -> None:
+    loaded = loads_config(_ddrl_text(COSMOS_DDRL))
+    cfg = loaded.config
+    tp, d = cfg.train.train_policy, cfg.train.train_policy.ddrl
+    assert cfg.policy.diffusers.sample.num_steps == 20 and cfg.rollout.n_generation == 8
+    assert d.train_on == list(range(0, 20, 2)) and d.data_beta == 0.01 and d.update_ref_every_iter == 0
+    assert tp.kl_beta == 0.0 and tp.clip_range == 1e-4 and not tp.same_noise_per_group
+    assert (tp.advantage_low, tp.advantage_high) == (-5.0, 5.0)
+    assert cfg.policy.diffusers.sample.guidance_scale == 1.0  # Cosmos-RL's guidance 0 = no CFG
+    assert any(
+        "`model.rl.guidance` is read as `policy.diffusers.sample.guidance_scale` = 1.0" in n
+        for n in loaded.notes
+    )
+    assert set(loaded.ignored) == {
+        "model.rl.min_num_conditional_frames",
+        "model.rl.s_churn",
+        "model.rl.reward_config.remote_reward",
+    }
+    lines = cosmos_rl.report(loaded.cosmos)
+    assert any("model.rl.s_churn = 1.0" in line and "EDM sampler" in line for line in lines)
+    assert loaded.config.train.train_policy.trainer_type == "ddrl"
+
+
+def test_cosmos_rl_guidance_becomes_one_plus_g() -> None:
+    cfg = loads_config(_ddrl_text(COSMOS_DDRL.replace("guidance = 0.0", "guidance = 3.5"))).config
+    assert cfg.policy.diffusers.sample.guidance_scale == 4.5
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        (COSMOS_DDRL.replace("data_beta", "data_betta"), ["model.rl.data_betta", "did you mean `data_beta`"]),
+        (COSMOS_DDRL.replace("adv_clip_max", "adv_clip_maxx"), ["model.rl.reward_config.adv_clip_maxx"]),
+        ("[model]\nfsdp_shard_size = 8\n" + COSMOS_DDRL.replace("[model.rl]\n", "[model.rl]\n", 1),
+         ["model.fsdp_shard_size", "only [model.rl]"]),
+    ],
+)  # fmt: skip
+def test_bad_model_rl_tables_are_named(text, needles) -> None:
+    with pytest.raises(ConfigError) as err:
+        loads_config(_ddrl_text(text))
+    assert all(n in str(err.value) for n in needles), str(err.value)
+
+
+def test_a_model_rl_key_also_given_as_sanarls_is_refused() -> None:
+    text = _ddrl_text(COSMOS_DDRL).replace(
+        "[train.train_policy.ddrl]\n", "[train.train_policy.ddrl]\ndata_beta = 0.1\n"
+    )
+    with pytest.raises(
+        ConfigError, match="both `model.rl.data_beta` and `train.train_policy.ddrl.data_beta`"
+    ):
+        loads_config(text)

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 import torch
 
@@ -88,6 +89,25 @@ class GRPOBatch(TypedDict):
     cond: Cond
     weight: float
     """Loss weight (group_rl.set_loss_weights; 0 for DDP padding)."""
+
+
+class Transition(NamedTuple):
+    """One trained step re-evaluated by `FlowGRPOTask._transition` (tensors on the device)."""
+
+    x: torch.Tensor
+    s: torch.Tensor
+    cond: Cond
+    log_prob: torch.Tensor
+    """[B] log p_theta(x_{i+1} | x_i), with gradient."""
+    old_log_prob: torch.Tensor
+    adv: torch.Tensor
+    mean: torch.Tensor
+    """[B, ...] the policy's step mean, with gradient."""
+    std: torch.Tensor
+    mean_ref: torch.Tensor | None
+    """[B, ...] the reference's step mean (no gradient), None without a KL term."""
+    v_extra: torch.Tensor | None
+    """[B, ...] the policy's velocity at the extra rows asked for (DDRL's data term), else None."""
 
 
 # --- the task -------------------------------------------------------------------------------------------------------
@@ -163,10 +183,34 @@ class FlowGRPOTask(GroupRLTask):
         self.last_metrics, self.last_groups, self.last_trajectories = metrics, groups, trajectories
         self._maybe_save_grid(step, groups)
         self._ratio.reset()
-        tp = self.view.train_policy
-        adv = clip_advantages(adv, tp.advantage_low, tp.advantage_high)
+        adv = self._transform_advantages(adv)
         # 3. one micro-batch per (chunk of kept samples, trained step)
         return self._training_batches(groups, trajectories, adv, signal, rng)
+
+    def _transform_advantages(self, adv: torch.Tensor) -> torch.Tensor:
+        """Advantages as trained: clipped to [advantage_low, advantage_high]."""
+        tp = self.view.train_policy
+        return clip_advantages(adv, tp.advantage_low, tp.advantage_high)
+
+    def _trained_positions(self, steps: list[int], rng: torch.Generator) -> list[int]:
+        """Positions j (into the stored `steps`) every sample of the rollout trains, ascending."""
+        return trained_positions(
+            trainable_positions(steps, self.sigmas, self.spec.solver),
+            self.spec.num_steps,
+            self.view.diffusers.timesteps_fraction,
+            windowed=self.view.train_policy.sde_window_size > 0,
+        )
+
+    def _batch_extras(
+        self,
+        rows: torch.Tensor,
+        trajectories: list[Trajectory],
+        j: int,
+        positions: list[int],
+        rng: torch.Generator,
+    ) -> dict:
+        """Fields a subclass adds to the micro-batch of `rows` (indices of this rank's samples) at position j."""
+        return {}
 
     def _training_batches(
         self,
@@ -179,12 +223,7 @@ class FlowGRPOTask(GroupRLTask):
         """One micro-batch per (chunk of mini_batch kept samples, trained step); every sample trains the same steps
         (`trained_positions`)."""
         steps = trajectories[0].steps
-        positions = trained_positions(
-            trainable_positions(steps, self.sigmas, self.spec.solver),
-            self.spec.num_steps,
-            self.view.diffusers.timesteps_fraction,
-            windowed=self.view.train_policy.sde_window_size > 0,
-        )
+        positions = self._trained_positions(steps, rng)
         rows = mask.nonzero().squeeze(1)
         if len(rows) == 0:
             return []
@@ -208,6 +247,7 @@ class FlowGRPOTask(GroupRLTask):
                         chunk=start // mb,
                         cond=cond.select(idx),
                         weight=1.0,
+                        **self._batch_extras(rows[idx], trajectories, j, positions, rng),
                     )
                 )
         return batches
@@ -229,38 +269,73 @@ class FlowGRPOTask(GroupRLTask):
 
     # --- 4. objective: PPO-clip on the re-evaluated log-prob, plus the KL to the reference -------------------
     def objective(self, batch: GRPOBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        t = self._transition(batch)
+        tp = self.view.train_policy
+        policy_loss, m = ppo_clip_loss(t.log_prob, t.old_log_prob, t.adv, tp.clip_range)
+        kl = torch.zeros((), device=t.x.device)
+        if tp.kl_beta > 0:
+            kl = gaussian_mean_kl(t.mean, t.mean_ref, t.std).mean()
+        loss = (policy_loss + tp.kl_beta * kl) * batch["weight"]
+        metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "kl": kl.item()}
+        return loss, metrics | self._ratio_metrics(m, batch["weight"])
+
+    def _transition(
+        self, batch: GRPOBatch, extra: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> Transition:
+        """The trained step re-evaluated: the policy's log-prob of the stored x_{i+1}, its step mean and std, and
+        the reference's mean (kl_beta > 0 only), with the batch's tensors on the device; with `extra` rows
+        (x_e, s_e) also the policy's velocity there, from the same forward (`_policy_velocity_with`)."""
         device = self.adapter.device
         x, x_next = batch["x"].to(device), batch["x_next"].to(device)
         s, s_next = batch["s"].to(device), batch["s_next"].to(device)
         cond: Cond = batch["cond"].to(device)
-        tp = self.view.train_policy
         step = partial(
             STEP_FUNCTIONS[self.spec.solver],
             eta=self.spec.eta,
             s_first_next=float(self.sigmas[1]),
             x_next=x_next,
         )
-        _, log_prob, mean, std = step(x, self._policy_velocity(x, s, cond), s, s_next)
-        policy_loss, m = ppo_clip_loss(
-            log_prob, batch["old_log_prob"].to(device), batch["adv"].to(device), tp.clip_range
-        )
-        kl = torch.zeros((), device=device)
-        if tp.kl_beta > 0:
+        v, v_extra = self._policy_velocity_with(x, s, cond, extra)
+        _, log_prob, mean, std = step(x, v, s, s_next)
+        mean_ref = None
+        if self.view.train_policy.kl_beta > 0:
             with torch.no_grad():
                 _, _, mean_ref, _ = step(x, self._reference_velocity(x, s, cond), s, s_next)
-            kl = gaussian_mean_kl(mean, mean_ref, std).mean()
-        loss = (policy_loss + tp.kl_beta * kl) * batch["weight"]
-        if batch["weight"] > 0:
+        old, adv = batch["old_log_prob"].to(device), batch["adv"].to(device)
+        return Transition(x, s, cond, log_prob, old, adv, mean, std, mean_ref, v_extra)
+
+    def _ratio_metrics(self, m: dict[str, torch.Tensor], weight: float) -> dict[str, float]:
+        """Feed the on-policy self-check (real batches only) and return the PPO metrics of a micro-batch."""
+        if weight > 0:
             self._ratio.update(m["ratio_min"].item(), m["ratio_max"].item())
-        metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "kl": kl.item()}
-        metrics.update({k: m[k].item() for k in ("ratio_mean", "clip_frac", "approx_kl")})
-        return loss, metrics
+        return {k: m[k].item() for k in ("ratio_mean", "clip_frac", "approx_kl")}
 
     def _policy_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """v_theta as at rollout: with CFG (and cfg_in_training) v_u + w (v_c - v_u) from one batched forward,
         differentiable through both branches (the guided sampler is the policy, docs/algorithms.md "Flow-GRPO")."""
+        return self._policy_velocity_with(x, s, cond, None)[0]
+
+    def _policy_velocity_with(
+        self, x: torch.Tensor, s: torch.Tensor, cond: Cond, extra: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_policy_velocity`, and with `extra = (x_e, s_e)` ([B, ...], [B]) also the conditional, unguided
+        velocity at those rows under the same conditioning, from the same single forward (one forward per backward,
+        as DDP needs; DDRL's data term)."""
         w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training else 1.0
-        return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w)
+        uncond = self.engine.uncond
+        if extra is None:
+            return self.adapter.guided_velocity(x, s, cond, uncond, w), None
+        batch, (x_e, s_e) = x.shape[0], extra
+        s = torch.as_tensor(s, device=x.device, dtype=torch.float32).expand(batch)
+        guided = uncond is not None and w != 1.0
+        xs = [x, x, x_e] if guided else [x, x_e]
+        ss = [s, s, s_e.to(s)] if guided else [s, s_e.to(s)]
+        conds = [uncond.expand_to(batch), cond, cond] if guided else [cond, cond]
+        v = self.adapter.velocity(torch.cat(xs), torch.cat(ss), Cond.cat([c.expand_to(batch) for c in conds]))
+        parts = v.split(batch)
+        if not guided:
+            return parts[0], parts[1]
+        return parts[0] + w * (parts[1] - parts[0]), parts[2]
 
     @torch.no_grad()
     def _reference_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
@@ -268,10 +343,18 @@ class FlowGRPOTask(GroupRLTask):
         # a guidance-distilled model (no CFG batch) embeds the rollout's guidance in every forward
         embedded = not self.adapter.cfg_batch
         w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training or embedded else 1.0
+        with self._reference_weights() as module:
+            return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w, module)
+
+    @contextmanager
+    def _reference_weights(self) -> Iterator[torch.nn.Module | None]:
+        """The KL reference for the forwards inside the block: the frozen copy (yielded), or the base model, the
+        trained module with its adapters disabled (None is yielded: run the trained module)."""
         if self.reference is not None:
-            return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w, self.reference)
+            yield self.reference
+            return
         with adapters_disabled(self.adapter.trainable_module()):
-            return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w)
+            yield None
 
     def after_optimizer_step(self, step: int) -> dict[str, float]:
         """Flow-GRPO has no old adapter to move: report the step's ratio extremes and the self-check."""

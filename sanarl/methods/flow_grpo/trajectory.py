@@ -21,11 +21,13 @@ class Trajectory:
     states: [K, T + 1, ...] x at the start of each stored step, then after the last one (x_a .. x_b).
     log_probs: [K, T] float32 log p(x_{i+1} | x_i) at rollout (the "old" log-probs).
     steps: the T grid indices i (consecutive) of the steps s_i -> s_{i+1}.
+    initial: [K, ...] each sample's initial noise x at s_0 = 1 (DDRL's data term draws with it).
     """
 
     states: torch.Tensor
     log_probs: torch.Tensor
     steps: list[int]
+    initial: torch.Tensor
 
 
 def sde_window(
@@ -84,7 +86,7 @@ def sample_trajectories(
     sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
     a, b = window if window is not None else (0, spec.num_steps)
     shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
-    finals, states, log_probs = [], [], []
+    finals, states, log_probs, initial = [], [], [], []
     for start in range(0, len(seeds), batch_size):
         x, generators = initial_noise(shape, seeds[start : start + batch_size], device=adapter.device)
         if shared is not None:
@@ -100,9 +102,11 @@ def sample_trajectories(
             window=window,
         )
         finals.append(out.latents)
+        initial.append(out.trajectory[0].cpu())
         states.append(torch.stack(out.trajectory[a : b + 1], dim=1).cpu())
         log_probs.append(out.log_probs.cpu())
-    return torch.cat(finals), Trajectory(torch.cat(states), torch.cat(log_probs), list(range(a, b)))
+    trajectory = Trajectory(torch.cat(states), torch.cat(log_probs), list(range(a, b)), torch.cat(initial))
+    return torch.cat(finals), trajectory
 
 
 def _guided(

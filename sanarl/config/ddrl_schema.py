@@ -1,0 +1,29 @@
+"""`[train.train_policy.ddrl]`, DDRL's config section (docs/algorithms.md, "DDRL"), kept beside the schema whose
+`TrainPolicyConfig.ddrl` it is (sanarl.config.schema re-exports it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sanarl.config.choices import DataSource
+
+
+@dataclass
+class DDRLConfig:
+    """`[train.train_policy.ddrl]`: DDRL's data term and steps (docs/algorithms.md, "DDRL"; docs/ddrl.md); its policy
+    term is Flow-GRPO's keys. Checked by `sanarl/methods/ddrl/config.py` `check_ddrl_config`."""
+
+    data_beta: float = 0.01
+    """Weight of the flow-matching loss on data (>= 0; Cosmos-RL's DDRL: 0.01; 0 = Flow-GRPO's objective)."""
+    data_source: DataSource = "dataset"
+    """dataset: the plugin's SFT items (their captions are the prompts); synthetic: base-model samples per group."""
+    use_rl_sigma_and_noise: bool = True
+    """Data term at the trained step's sigma and the sample's initial noise (false: fresh draws of both)."""
+    data_on_first_only: bool = False
+    """Take the data term at the first trained step of a rollout only."""
+    train_on: list[int] = field(default_factory=list)
+    """Grid steps trained per rollout, -1 = one more drawn per rollout ([] = Flow-GRPO's rule; no Fast window)."""
+    exp_reward: bool = False
+    """Advantages A -> -exp(-A) before the clip (the paper's lambda)."""
+    update_ref_every_iter: int = 0
+    """Copy the policy into the KL reference every n optimizer steps (0 = the base; LoRA: adapter "ref")."""

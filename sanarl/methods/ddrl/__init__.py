@@ -1,0 +1,1 @@
+"""DDRL: data-regularized Flow-GRPO (docs/algorithms.md, "DDRL")."""
