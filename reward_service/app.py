@@ -2,7 +2,8 @@
 
 Answers (DESIGN.md section 4, issue 5):
     POST /api/reward/enqueue   200 {"uuid"} | 401 token | 409 request id reused with another body | 413 too large
-                               | 422 malformed or unknown reward | 429 queue full | 503 Redis unreachable
+                               | 422 malformed or unknown reward | 429 queue full | 503 Redis unreachable or
+                               a requested reward has no live worker (`no_worker` lists them)
     POST /api/reward/pull      form uuid, type (+ optional wait, seconds): 200 result | 400 {"status": "pending"}
                                | 404 unknown | 500 {"status": "failed", "error"} | 401 | 422 bad form | 503
     POST /api/reward/ping      form info_data (optional): 200 {"message": "Ping request received"} | 401
@@ -121,6 +122,15 @@ async def enqueue(request: Request) -> Response:
         return parsed, hashlib.sha256(body).hexdigest() if parsed.request_id else ""
 
     parsed, digest = await run_in_threadpool(parse) if len(body) > THREAD_PARSE_BYTES else parse()
+    missing = await broker.without_worker(list(parsed.rewards))
+    if missing:
+        raise Refusal(
+            503,
+            f"no live worker hosts reward(s) {missing}, so nothing would score this request; it was not queued. "
+            "Workers may still be loading (retry shortly) or have died: see GET /health and the service log.",
+            headers={"Retry-After": "1"},
+            no_worker=missing,
+        )
     return JSONResponse({"uuid": await broker.enqueue(parsed, digest)})
 
 

@@ -29,6 +29,8 @@ RECHECK_S = 0.5
 """A waiting pull re-reads the task at least this often."""
 REWARDS_CACHE_S = 2.0
 """How long the set of rewards served anywhere is cached for the enqueue check."""
+LIVE_CACHE_S = 1.0
+"""How long the set of rewards some live worker hosts is cached for the enqueue check (a miss re-reads it)."""
 MEMORY_CACHE_S = 0.2
 """How long Redis' used memory is cached for the max_queue_bytes check."""
 
@@ -68,6 +70,7 @@ class AsyncBroker:
         self.scripts = Scripts.register(client)
         self._waiters: dict[str, set[asyncio.Future]] = defaultdict(set)
         self._served: tuple[float, set[str]] = (0.0, set())
+        self._live: tuple[float, set[str]] = (0.0, set())
         self._memory: tuple[float, int] = (0.0, 0)
 
     @property
@@ -82,6 +85,28 @@ class AsyncBroker:
             names = {k.decode() for k in await self.client.hkeys(self.keys.rewards)}
             self._served = (time.monotonic(), names)
         return names
+
+    async def live_rewards(self) -> set[str]:
+        """Rewards hosted by a registered worker (of any instance) whose heartbeat is alive."""
+        workers = await self.client.hgetall(self.keys.workers)
+        ids = list(workers)
+        pipe = self.client.pipeline(transaction=False)
+        for wid in ids:
+            pipe.exists(self.keys.heartbeat(wid.decode()))
+        beats = await pipe.execute() if ids else []
+        live: set[str] = set()
+        for wid, beat in zip(ids, beats, strict=True):
+            if beat:
+                live.update(json.loads(workers[wid]).get("rewards", []))
+        return live
+
+    async def without_worker(self, names: list[str]) -> list[str]:
+        """The rewards of `names` no live worker hosts (a cached answer is trusted only when it has them all)."""
+        stamp, live = self._live
+        if time.monotonic() - stamp > LIVE_CACHE_S or not set(names) <= live:
+            live = await self.live_rewards()
+            self._live = (time.monotonic(), live)
+        return sorted(set(names) - live)
 
     async def _check_memory(self) -> None:
         """QueueFull while Redis uses more than limits.max_queue_bytes (cached for MEMORY_CACHE_S)."""

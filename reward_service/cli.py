@@ -49,7 +49,7 @@ def _load(args: argparse.Namespace):
     """Load and check the config file with the command-line overrides; returns (config, token)."""
     from reward_service.config import load_service_config
 
-    config = load_service_config(args.config)
+    config = load_service_config(args.config)  # config.source: the resolved file, handed to the workers
     if args.host is not None:
         config.host = args.host
     if args.port is not None:
@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace) -> None:
             if embedded is None
             else _start_embedded(embedded)
         )
-        supervisor = Supervisor(args.config, config, url, embedded).start()
+        supervisor = Supervisor(config.source, config, url, embedded).start()
         build_rewards(config, load=False)
         names = [entry.reward_type for entry in config.enabled_rewards()]
         logging.getLogger("reward_service").info(
@@ -128,7 +128,12 @@ def serve(args: argparse.Namespace) -> None:
             access_log=config.log_level == "debug",
             timeout_keep_alive=30,
         )
-        uvicorn.Server(uvicorn_config).run()
+        server = uvicorn.Server(uvicorn_config)
+        supervisor.on_fatal = lambda: setattr(server, "should_exit", True)
+        if supervisor.fatal is None:
+            server.run()
+        if supervisor.fatal is not None:
+            raise ConfigError(supervisor.fatal)
     finally:
         if supervisor is not None:
             supervisor.stop()

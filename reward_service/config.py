@@ -213,12 +213,21 @@ def shipped_config(name: str) -> Path:
     return Path(str(files("reward_service").joinpath("configs", f"{name.removesuffix('.toml')}.toml")))
 
 
+def resolve_config_path(path: str | Path) -> Path:
+    """The absolute path of a `--config` argument: an existing file, else the shipped config of that name
+    (`rewards` -> reward_service/configs/rewards.toml) when the argument has no directory part. The service and
+    its workers both go through this, and the service hands its result to the workers, so a shorthand means
+    the same file whatever their working directory."""
+    path = Path(path).expanduser()
+    if not path.is_file() and path.parent == Path(".") and shipped_config(path.name).is_file():
+        path = shipped_config(path.name)
+    return path.absolute()
+
+
 def load_service_config(path: str | Path) -> ServiceConfig:
     """Read and check a rewards.toml (a path, or the name of a shipped config: `rewards`); raises ConfigError
     naming the file and key."""
-    path = Path(path)
-    if not path.is_file() and path.parent == Path(".") and shipped_config(path.name).is_file():
-        path = shipped_config(path.name)
+    path = resolve_config_path(path)
     try:
         text = path.read_text()
     except OSError as exc:

@@ -3,7 +3,10 @@
 Workers: `workers.count` general ones (hosting the enabled rewards no `[[worker_groups]]` entry takes; none when
 every reward is grouped) and `count` per group (`python -m reward_service.worker --group <index>`).
 A thread checks every `TICK_S`: a worker that exited is restarted (into the same group) (at most `workers.restart_limit` times a
-minute; past that the service keeps running and /health reports the missing workers), a dead embedded
+minute; past that the service keeps running and /health reports the missing workers) - except a worker that exits
+with a code a restart would only repeat (its rewards cannot be built, Redis refuses it): then `fatal` says why
+and `on_fatal` stops the service, which exits with that message instead of serving a reward nobody scores -, a dead
+embedded
 redis-server is restarted on the same port and data directory (the append-only file brings the queue back),
 and workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
 """
@@ -17,6 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -25,7 +29,7 @@ from reward_service.config import ServiceConfig
 from reward_service.embedded_redis import EmbeddedRedis
 from reward_service.keys import Keys
 from reward_service.lua import Scripts
-from reward_service.worker import NO_RESTART_EXITS, REDIS_URL_ENV, reap_dead_workers
+from reward_service.worker import BAD_CONFIG_EXIT, NO_RESTART_EXITS, REDIS_URL_ENV, reap_dead_workers
 
 log = logging.getLogger("reward_service.supervisor")
 
@@ -43,16 +47,22 @@ def worker_slots(config: ServiceConfig) -> list[str]:
 
 
 class Supervisor:
-    """Starts the worker processes of `worker_slots(config)` for the Redis at `redis_url` and watches them."""
+    """Starts the worker processes of `worker_slots(config)` for the Redis at `redis_url` and watches them.
+
+    `config_path` is the file the service read (`config.resolve_config_path`'s answer), handed to every worker
+    as an absolute path. `fatal` is set (then `on_fatal` called) when a worker exits with a code in
+    `NO_RESTART_EXITS`."""
 
     def __init__(
         self, config_path: str | Path, config: ServiceConfig, redis_url: str, embedded: EmbeddedRedis | None
     ) -> None:
-        self.config_path = str(Path(config_path).resolve())
+        self.config_path = str(Path(config_path).absolute())
         self.config, self.redis_url, self.embedded = config, redis_url, embedded
         self.slots = worker_slots(config)
         self.workers: list[subprocess.Popen] = []
         self.restarts: deque[float] = deque()
+        self.fatal: str | None = None
+        self.on_fatal: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
@@ -97,8 +107,13 @@ class Supervisor:
     def _restart_workers(self) -> None:
         for i, process in enumerate(self.workers):
             code = process.poll()
-            if code is None or code in NO_RESTART_EXITS or self._stop.is_set():
-                continue  # a worker that refused its config (or was refused by Redis) would be again
+            if code is None or self._stop.is_set() or self.fatal is not None:
+                continue
+            if (
+                code in NO_RESTART_EXITS
+            ):  # a worker that refused its config (or was refused by Redis) would be again
+                self._give_up(process.pid, self.slots[i], code)
+                continue
             now = time.monotonic()
             while self.restarts and now - self.restarts[0] > 60:
                 self.restarts.popleft()
@@ -107,6 +122,23 @@ class Supervisor:
             log.error("worker pid %d exited with code %s; starting a new one", process.pid, code)
             self.restarts.append(now)
             self.workers[i] = self._spawn(self.slots[i])
+
+    def _give_up(self, pid: int, group: str, code: int) -> None:
+        """Record why the service cannot run (`fatal`) and ask it to stop (`on_fatal`)."""
+        why = (
+            "could not build its rewards"
+            if code == BAD_CONFIG_EXIT
+            else "was refused by Redis (see its message about the password / ACL rights)"
+        )
+        self.fatal = (
+            f"reward worker pid {pid} (--group {group}) {why} and exited with code {code}; its error is printed "
+            f"above. The service stops rather than serve rewards no worker scores: fix {self.config_path} (or "
+            "what the worker's message names) and start sanarl-reward again."
+        )
+        log.error("%s", self.fatal)
+        callback = self.on_fatal
+        if callback is not None:
+            callback()
 
     def stop(self) -> None:
         """Stop the watch thread and the workers (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""
