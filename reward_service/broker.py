@@ -22,6 +22,7 @@ from reward_service.config import LimitsConfig, WorkersConfig
 from reward_service.keys import WAKE_CAP, Keys, queue_item, split_item
 from reward_service.lua import Scripts
 from reward_service.protocol import EnqueueRequest
+from reward_service.signing import ForgedResult, open_result, sign
 
 log = logging.getLogger("reward_service.broker")
 
@@ -48,6 +49,10 @@ PENDING_STATUS = 400
 Cosmos-RL's own service; the body says `"status": "pending"`."""
 
 
+REFUSED_STATUS = 502
+"""Status of a pull whose stored result fails its signature check (never served); clients retry 5xx."""
+
+
 class QueueFull(Exception):
     """max_pending_tasks or max_queue_bytes reached; the message says which."""
 
@@ -63,14 +68,19 @@ def task_count(header: dict[str, Any]) -> int:
 
 
 class AsyncBroker:
-    """The server's view of the queue. `client` is a `redis.asyncio.Redis` (decode_responses=False)."""
+    """The server's view of the queue. `client` is a `redis.asyncio.Redis` (decode_responses=False); results are
+    served only when their signature checks out with `key` (`signing.result_key` of the token)."""
 
-    def __init__(self, client: Any, keys: Keys, limits: LimitsConfig, workers: WorkersConfig) -> None:
+    def __init__(
+        self, client: Any, keys: Keys, limits: LimitsConfig, workers: WorkersConfig, *, key: bytes
+    ) -> None:
         self.client, self.keys, self.limits, self.workers = client, keys, limits, workers
+        self.key = key
         self.scripts = Scripts.register(client)
         self._waiters: dict[str, set[asyncio.Future]] = defaultdict(set)
         self._served: tuple[float, set[str]] = (0.0, set())
         self._live: tuple[float, set[str]] = (0.0, set())
+        self._forged: set[tuple[str, str]] = set()
         self._memory: tuple[float, int] = (0.0, 0)
 
     @property
@@ -168,7 +178,7 @@ class AsyncBroker:
         stored, (created, count, rewards), (sec, usec) = await pipe.execute()
         ident = {"uuid": task_uuid, "type": reward}
         if stored is not None:
-            return _stored_answer(json.loads(stored), ident)
+            return self._answer(stored, ident)
         if created is None:
             return Answer(
                 404,
@@ -202,7 +212,9 @@ class AsyncBroker:
             f"{self.limits.task_deadline_s:g} s (waited {age:.1f} s): the workers are overloaded, dead or stuck; "
             "check GET /health and the service log."
         )
-        message = json.dumps({"status": "failed", "type": reward, "error": error})
+        message = sign(
+            self.key, task_uuid, reward, json.dumps({"status": "failed", "type": reward, "error": error})
+        )
         await self.scripts.fail_task(
             keys=[
                 self.keys.task(task_uuid),
@@ -239,11 +251,30 @@ class AsyncBroker:
                 except asyncio.TimeoutError:
                     continue
                 if stored:
-                    return _stored_answer(json.loads(stored), {"uuid": task_uuid, "type": reward})
+                    answer = self._answer(stored, {"uuid": task_uuid, "type": reward})
+                    if answer.status != REFUSED_STATUS:
+                        return answer  # a forged notification: re-read the task instead
             finally:
                 self._waiters[key].discard(done)
                 if not self._waiters[key]:
                     self._waiters.pop(key, None)
+
+    def _answer(self, stored: bytes, ident: dict[str, str]) -> Answer:
+        """The answer of a stored result; REFUSED_STATUS (and an error in the log) when its signature fails."""
+        try:
+            return _stored_answer(open_result(self.key, ident["uuid"], ident["type"], stored), ident)
+        except ForgedResult as exc:
+            if (
+                len(self._forged) < 1024 and (ident["uuid"], ident["type"]) not in self._forged
+            ):  # once per task
+                self._forged.add((ident["uuid"], ident["type"]))
+                log.error("%s: refused (not served). Something other than this service's workers wrote it into "
+                          "Redis (or a worker runs with another token); check who can write to this Redis.", exc)  # fmt: skip
+            error = (
+                f"{exc}: it was not written by this service's workers, so it is refused; the worker scoring the "
+                "task replaces it. Retry, and check who can write to the service's Redis (see the service log)."
+            )
+            return Answer(REFUSED_STATUS, {"status": "refused", **ident, "error": error})
 
     def _notify(self, data: bytes) -> None:
         """Hand a completion message (`<uuid>|<reward>[\\n<stored JSON>]`) to the pulls waiting on that task."""

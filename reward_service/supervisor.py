@@ -25,6 +25,7 @@ from pathlib import Path
 
 import redis
 
+from reward_service.children import die_with_parent
 from reward_service.config import ServiceConfig
 from reward_service.embedded_redis import EmbeddedRedis
 from reward_service.keys import Keys
@@ -54,9 +55,16 @@ class Supervisor:
     `NO_RESTART_EXITS`."""
 
     def __init__(
-        self, config_path: str | Path, config: ServiceConfig, redis_url: str, embedded: EmbeddedRedis | None
+        self,
+        config_path: str | Path,
+        config: ServiceConfig,
+        redis_url: str,
+        embedded: EmbeddedRedis | None,
+        *,
+        key: bytes,
     ) -> None:
         self.config_path = str(Path(config_path).absolute())
+        self.key = key
         self.config, self.redis_url, self.embedded = config, redis_url, embedded
         self.slots = worker_slots(config)
         self.workers: list[subprocess.Popen] = []
@@ -74,7 +82,7 @@ class Supervisor:
             "--group", group,
         ]  # fmt: skip
         env = {**os.environ, REDIS_URL_ENV: self.redis_url}  # not on argv: a URL may hold a password
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent())
 
     def start(self) -> Supervisor:
         self.workers = [self._spawn(group) for group in self.slots]
@@ -92,7 +100,7 @@ class Supervisor:
             if time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + self.config.workers.visibility_timeout_s / 2
                 try:
-                    reap_dead_workers(client, keys, self.config, scripts)
+                    reap_dead_workers(client, keys, self.config, scripts, self.key)
                 except redis.RedisError as exc:
                     log.debug("reaper: %s", exc)
 
