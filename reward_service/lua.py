@@ -1,8 +1,10 @@
 """The Lua scripts that make every state change of a task atomic (see keys.py for the key layout).
 
 Invariant kept by every script: `pending` equals the number of queue items held in all `queue:*` and `proc:*`
-lists. A result is written once (`SET NX`), so a task scored twice (at-least-once delivery after a worker was
-presumed dead) still has one result, and the second finish only removes its item. Time is Redis' own clock
+lists. A result is written once, so a task scored twice (at-least-once delivery after a worker was presumed dead)
+still has one result, and the second finish only removes its item; the one exception is FINISH replacing a value
+the worker found unsigned (signing.py: a forged result), named exactly in its arguments. Results arrive signed:
+the scripts never see the key. Time is Redis' own clock
 (`TIME`), so instances and workers on different hosts agree. Scripts build some key names from the prefix, which
 is fine on one Redis server (Redis Cluster is not supported).
 """
@@ -23,7 +25,8 @@ ENQUEUE = (
     _NOW
     + """
 -- KEYS: task, blob, rid, pending
--- ARGV: uuid, header, npy, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap
+-- ARGV: uuid, header, npy, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap,
+--       signature (signing.task_signature of header and npy)
 local prefix = ARGV[8]
 if ARGV[7] ~= '' then
   local existing = redis.call('GET', KEYS[3])
@@ -34,7 +37,7 @@ local pending = tonumber(redis.call('GET', KEYS[4]) or '0')
 if pending + #names > tonumber(ARGV[5]) then return {'full', tostring(pending)} end
 local ttl = tonumber(ARGV[6])
 redis.call('HSET', KEYS[1], 'header', ARGV[2], 'created', string.format('%.6f', now()), 'n', ARGV[4],
-           'rewards', ARGV[9], 'remaining', #names)
+           'rewards', ARGV[9], 'remaining', #names, 'sig', ARGV[11])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
 for _, name in ipairs(names) do
@@ -56,7 +59,7 @@ CLAIM = (
 -- Moves items from the queue's consumer end to the processing list while their image counts fit the budget
 -- (the first item always moves: one large request is still scored, the reward batches it internally), and
 -- returns what scoring them needs in the same round trip:
---   {now, {item, header, created, attempts, npy, stored result}, ...}   (false where a key is gone)
+--   {now, {item, header, created, attempts, npy, stored result, signature}, ...}   (false where a key is gone)
 local budget, limit, prefix, name = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local out, taken, total = {string.format('%.6f', now())}, 0, 0
 while taken < limit do
@@ -67,10 +70,10 @@ while taken < limit do
   redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   taken, total = taken + 1, total + n
   local uuid = string.match(item, '^[^|]+|([^|]+)|')
-  local fields = redis.call('HMGET', prefix .. 'task:' .. uuid, 'header', 'created', 'a:' .. name)
+  local fields = redis.call('HMGET', prefix .. 'task:' .. uuid, 'header', 'created', 'a:' .. name, 'sig')
   local blob = redis.call('GET', prefix .. 'blob:' .. uuid)
   local done = redis.call('GET', prefix .. 'result:' .. uuid .. ':' .. name)
-  out[#out + 1] = {item, fields[1], fields[2], fields[3], blob, done}
+  out[#out + 1] = {item, fields[1], fields[2], fields[3], blob, done, fields[4]}
 end
 if taken == 0 then return {} end
 return out

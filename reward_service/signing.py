@@ -6,7 +6,8 @@ serve it. Workers, the reaper and the API therefore store every result as `<hex 
 the MAC taken over the task's uuid, the reward name and the JSON, with a key derived from the service's bearer
 token (`result_key`). The key never goes to Redis; every instance and worker that shares a Redis shares the token
 and so the key. The API refuses (never serves) a stored value whose MAC fails, and the worker that scores such a
-task replaces the forged value with its own result.
+task replaces the forged value with its own result. The API signs each queued request too (`task_signature`, over
+its header and pixels), and workers refuse to score one whose data changed in Redis after enqueue.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def open_result(key: bytes, task_uuid: str, reward: str, stored: bytes) -> dict[
     if not dot or not hmac.compare_digest(mac, expected):
         raise ForgedResult(f"the stored result of task {task_uuid} ({reward}) fails its signature check")
     return json.loads(message)
+
+
+def task_signature(key: bytes, task_uuid: str, header: bytes, npy: bytes) -> str:
+    """The MAC of a queued request as the API stored it (its header JSON and pixels): workers score a task only
+    when it checks out, so pixels or prompts changed in Redis after enqueue are never scored."""
+    message = f"task {task_uuid}\n".encode() + hashlib.sha256(header).digest() + hashlib.sha256(npy).digest()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def genuine(key: bytes, task_uuid: str, reward: str, stored: bytes) -> bool:

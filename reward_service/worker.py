@@ -22,6 +22,7 @@ if it is time to. A claim never waits to fill a batch: tasks queued while a batc
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from reward_service.keys import WAKE_CAP, Keys, split_item
 from reward_service.lua import Scripts
 from reward_service.protocol import decode_array
 from reward_service.scoring import Outcome, Task, score_tasks
-from reward_service.signing import genuine, result_key, sign
+from reward_service.signing import genuine, result_key, sign, task_signature
 from sanarl.errors import ConfigError, UserError
 
 log = logging.getLogger("reward_service.worker")
@@ -303,12 +304,12 @@ class Worker:
         pipe.execute()
 
     def _load(self, name: str, items: list[str]) -> tuple[float, list[tuple]]:
-        """Redis time and one row `(item, header, created, attempts, npy, stored result)` per held item (None
-        where a key is gone), as the claim script returns them."""
+        """Redis time and one row `(item, header, created, attempts, npy, stored result, signature)` per held item
+        (None where a key is gone), as the claim script returns them."""
         pipe = self.client.pipeline(transaction=False)
         for item in items:
             _, task_uuid, _ = split_item(item)
-            pipe.hmget(self.keys.task(task_uuid), "header", "created", f"a:{name}")
+            pipe.hmget(self.keys.task(task_uuid), "header", "created", f"a:{name}", "sig")
             pipe.get(self.keys.blob(task_uuid))
             pipe.get(self.keys.result(task_uuid, name))
         pipe.time()
@@ -316,8 +317,8 @@ class Worker:
         sec, usec = out[-1]
         rows = []
         for i, item in enumerate(items):
-            (header, created, attempts), blob, done = out[3 * i : 3 * i + 3]
-            rows.append((item, header, created, attempts, blob, done))
+            (header, created, attempts, signature), blob, stored = out[3 * i : 3 * i + 3]
+            rows.append((item, header, created, attempts, blob, stored, signature))
         return sec + usec / 1e6, rows
 
     def _tasks(
@@ -329,10 +330,19 @@ class Worker:
         tasks: list[Task] = []
         settled: dict[str, Outcome | None] = {}
         deadline = self.config.limits.task_deadline_s
-        for item, header, created, attempts, blob, stored in rows:
-            done = stored is not None and genuine(self.key, split_item(item)[1], name, stored)
+        for item, header, created, attempts, blob, stored, signature in rows:
+            task_uuid = split_item(item)[1]
+            done = stored is not None and genuine(self.key, task_uuid, name, stored)
             if done or header is None or blob is None:
                 settled[item] = None
+            elif not _signed_by_api(self.key, task_uuid, header, blob, signature):
+                log.error("task %s (%s): its stored prompts / pixels fail their signature check; refused", task_uuid,
+                          name)  # fmt: skip
+                settled[item] = Outcome(
+                    error=f"reward {name!r}: the request's stored data (prompts, pixels) fails its signature check: "
+                    "it was changed in Redis after enqueue, so it is not scored. Check who can write to the "
+                    "service's Redis."
+                )
             elif now - float(created) > deadline:
                 error = (
                     f"reward {name!r}: no worker took this task within limits.task_deadline_s = {deadline:g} s "
@@ -397,8 +407,14 @@ class Worker:
 
 def _row(raw: list) -> tuple:
     """A claim script row with the item decoded (the other fields stay bytes / None)."""
-    item, header, created, attempts, blob, stored = raw
-    return item.decode(), header, created, attempts, blob, stored
+    item, header, created, attempts, blob, stored, signature = raw
+    return item.decode(), header, created, attempts, blob, stored, signature
+
+
+def _signed_by_api(key: bytes, task_uuid: str, header: bytes, blob: bytes, signature: bytes | None) -> bool:
+    """True when the task's header and pixels are those the API signed at enqueue."""
+    expected = task_signature(key, task_uuid, header, blob).encode()
+    return signature is not None and hmac.compare_digest(signature, expected)
 
 
 def _hosted(config: ServiceConfig, group: str) -> tuple[list[str], str, int]:

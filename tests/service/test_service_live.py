@@ -477,6 +477,21 @@ def test_a_forged_result_written_into_redis_is_never_served(svc):
     )  # the worker's notice when it replaced it
 
 
+def test_pixels_changed_in_redis_after_enqueue_are_never_scored(svc):
+    """The API signs each request's header and pixels; a writer with Redis access who swaps the pixels of a queued
+    task (to make a worker sign a score of its choosing) gets the task failed, not scored."""
+    blockers = occupy_both_workers(svc, sleep=2.0)
+    pixels = images(1, 8, seed=32)
+    uuid = enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0}))
+    buffer = io.BytesIO()
+    np.save(buffer, np.full_like(pixels, 255), allow_pickle=False)  # slow_mean would score it 1.0
+    assert svc.redis.set(f"{PREFIX}blob:{uuid}", buffer.getvalue(), xx=True, keepttl=True)
+    status, answer = svc.a.result(uuid, "slow_mean")
+    assert status == 500 and "fails its signature check" in answer["error"] and "scores" not in answer
+    for blocker in blockers:
+        assert svc.a.result(blocker, "slow_mean")[0] == 200
+
+
 def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     """Lua REAP on the real Redis (separate key prefix, no worker serves it): requeue, count, fail at max."""
     config = loads_service_config(
@@ -487,7 +502,7 @@ def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     header = json.dumps({"shape": [2, 1, 1, 3], "media_type": "image"})
     scripts.enqueue(
         keys=[keys.task("u1"), keys.blob("u1"), keys.request_id("-"), keys.pending],
-        args=["u1", header, b"npy", 2, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10],
+        args=["u1", header, b"npy", 2, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10, "sig"],
     )
     item = queue_item("jpeg_compressibility", "u1", 2)
     for attempt in (1, 2):
