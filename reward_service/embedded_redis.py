@@ -10,6 +10,7 @@ the same port and data directory if it dies.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -41,30 +42,36 @@ def free_port() -> int:
 
 DIR_PREFIX = "sanarl-redis-"
 """Temporary data directories are `<tmp>/sanarl-redis-<service pid>-<random>` (mode 0700)."""
+LOCK_NAME = ".owner.lock"
+"""A file in each temporary data directory that its service holds locked (flock) for as long as it runs: the
+kernel drops the lock when the service dies, however it dies, so a lockable directory is stale."""
 
 
-def _pid_alive(pid: int) -> bool:
+def _lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on `path` (created), or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def remove_stale_dirs(root: Path | None = None) -> list[Path]:
-    """Remove this user's temporary data directories whose service process is gone (a service killed with -9
-    cannot remove its own); returns them."""
+    """Remove this user's temporary data directories whose service is gone (a service killed with -9 cannot
+    remove its own): those whose lock file nobody holds; returns them."""
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
-        pid = path.name[len(DIR_PREFIX) :].split("-", 1)[0]
         try:
-            mine = path.is_dir() and path.stat().st_uid == os.getuid()
+            if not path.is_dir() or path.stat().st_uid != os.getuid() or not (path / LOCK_NAME).is_file():
+                continue
+            fd = _lock(path / LOCK_NAME)
         except OSError:
             continue
-        if mine and pid.isdigit() and not _pid_alive(int(pid)):
+        if fd is not None:
             shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
             removed.append(path)
     if removed:
         log.info("removed %d stale embedded-Redis folder(s) of services that were killed: %s", len(removed),
@@ -93,6 +100,7 @@ class EmbeddedRedis:
         if self._own_dir:
             remove_stale_dirs()
         self.data_dir = Path(config.data_dir or tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
+        self._lock_fd = _lock(self.data_dir / LOCK_NAME) if self._own_dir else None  # held until we exit
 
     @property
     def url(self) -> str:
@@ -175,3 +183,6 @@ class EmbeddedRedis:
         if remove and self._own_dir:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.data_dir)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None

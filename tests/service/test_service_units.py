@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -20,6 +21,7 @@ from service_helpers import require_redis
 
 from reward_service.cli import main as cli_main
 from reward_service.config import loads_service_config, mask_url
+from reward_service.embedded_redis import DIR_PREFIX, LOCK_NAME, _lock, remove_stale_dirs
 from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
 from reward_service.scoring import Task, score_tasks
 from reward_service.signing import ForgedResult, genuine, open_result, result_key, sign
@@ -568,3 +570,20 @@ def test_results_are_signed_for_their_task_and_key():
         assert not genuine(*args)
         with pytest.raises(ForgedResult, match="fails its signature check"):
             open_result(*args)
+
+
+def test_stale_redis_folders_are_those_whose_lock_nobody_holds(tmp_path):
+    """A running service holds its folder's flock (the kernel drops it however the service dies): only folders
+    whose lock is free are removed; a folder without a lock file is never touched."""
+    live, stale, foreign = (tmp_path / f"{DIR_PREFIX}{n}-x" for n in (1, 2, 3))
+    for folder in (live, stale, foreign):
+        folder.mkdir()
+        (folder / "appendonly.aof").write_text("data")
+    held = _lock(live / LOCK_NAME)
+    (stale / LOCK_NAME).touch()
+    try:
+        assert remove_stale_dirs(tmp_path) == [stale]
+        assert live.exists() and foreign.exists() and not stale.exists()
+    finally:
+        os.close(held)
+    assert remove_stale_dirs(tmp_path) == [live]
