@@ -2,13 +2,15 @@
 
 Workers: `workers.count` general ones (hosting the enabled rewards no `[[worker_groups]]` entry takes; none when
 every reward is grouped) and `count` per group (`python -m reward_service.worker --group <index>`).
-A thread checks every `TICK_S`: a worker that exited is restarted (into the same group) (at most `workers.restart_limit` times a
-minute; past that the service keeps running and /health reports the missing workers) - except a worker that exits
-with a code a restart would only repeat (its rewards cannot be built, Redis refuses it): then `fatal` says why
-and `on_fatal` stops the service, which exits with that message instead of serving a reward nobody scores -, a dead
-embedded
-redis-server is restarted on the same port and data directory (the append-only file brings the queue back),
-and workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
+A thread checks every `TICK_S`:
+- a worker that exited is restarted into the same group (at most `workers.restart_limit` times a minute; past
+  that the service keeps running and /health reports the missing workers);
+- a worker that exited with a code a restart would only repeat (`NO_RESTART_EXITS`: its rewards cannot be
+  built, Redis refuses it) sets `fatal` and calls `on_fatal`, which stops the service: it exits with that
+  message instead of serving a reward nobody scores;
+- a dead embedded redis-server is restarted on the same port and data directory (the append-only file brings
+  the queue back);
+- workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
 """
 
 from __future__ import annotations
