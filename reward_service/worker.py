@@ -293,12 +293,17 @@ class Worker:
         twice), else log it and store the real result in its place."""
         _, task_uuid, _ = split_item(item)
         current = self.client.get(self.keys.result(task_uuid, name))
-        if current is None or genuine(self.key, task_uuid, name, current):
+        if current is not None and genuine(self.key, task_uuid, name, current):
             return
-        log.error(
-            "the stored result of task %s (%s) was not signed by this service (forged, or written with another "
-            "token); replacing it with the scored result. Check who can write to this Redis.", task_uuid, name,
-        )  # fmt: skip
+        if current is None:  # it expired or was deleted meanwhile: store ours as usual
+            current = b""
+        else:
+            log.error(
+                "the stored result of task %s (%s) was not signed by this service (forged, or written with "
+                "another token); replacing it with the scored result. Check who can write to this Redis.",
+                task_uuid,
+                name,
+            )
         pipe = self.client.pipeline(transaction=False)
         self._finish(pipe, name, item, message, status, seconds, replace=current)
         pipe.execute()
