@@ -138,7 +138,10 @@ class EmbeddedRedis:
         """Start redis-server and wait until it answers PING (RuntimeError with its log otherwise)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [self.executable(), "-"], stdin=subprocess.PIPE, preexec_fn=die_with_parent()
+            [self.executable(), "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # its log goes to redis.log (`log_tail`)
+            preexec_fn=die_with_parent(),
         )
         assert self.process.stdin is not None
         with contextlib.suppress(BrokenPipeError):

@@ -72,6 +72,8 @@ class Supervisor:
         self.workers: list[subprocess.Popen] = []
         self.restarts: deque[float] = deque()
         self.fatal: str | None = None
+        self._forwarders: dict[int, threading.Thread] = {}
+        self._errors: dict[int, str] = {}
         self.on_fatal: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
@@ -84,7 +86,27 @@ class Supervisor:
             "--group", group,
         ]  # fmt: skip
         env = {**os.environ, REDIS_URL_ENV: self.redis_url}  # not on argv: a URL may hold a password
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent())
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=die_with_parent()
+        )
+        forward = threading.Thread(target=self._forward, args=(process,), name="worker-stderr", daemon=True)
+        forward.start()
+        self._forwarders[process.pid] = forward
+        return process
+
+    def _forward(self, process: subprocess.Popen) -> None:
+        """Copy a worker's stderr to ours, line by line, remembering its last error line (for `fatal`)."""
+        assert process.stderr is not None
+        for raw in process.stderr:
+            line = raw.decode(errors="replace")
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if (
+                ": error: " in line
+            ):  # the worker's one-paragraph message (bad config, rewards that do not build)
+                self._errors[process.pid] = line.split(": error: ", 1)[1].strip()
+            elif " ERROR " in line:  # a logged error (Redis refusing it)
+                self._errors[process.pid] = line.split(" ERROR ", 1)[1].strip()
 
     def start(self) -> Supervisor:
         self.workers = [self._spawn(group) for group in self.slots]
@@ -135,15 +157,15 @@ class Supervisor:
 
     def _give_up(self, pid: int, group: str, code: int) -> None:
         """Record why the service cannot run (`fatal`) and ask it to stop (`on_fatal`)."""
-        why = (
-            "could not build its rewards"
-            if code == BAD_CONFIG_EXIT
-            else "was refused by Redis (see its message about the password / ACL rights)"
-        )
+        why = "could not build its rewards" if code == BAD_CONFIG_EXIT else "was refused by Redis"
+        forward = self._forwarders.get(pid)
+        if forward is not None:
+            forward.join(timeout=2.0)  # its last lines
+        error = self._errors.get(pid, "(no error line; see its output above)").rstrip(".")
         self.fatal = (
-            f"reward worker pid {pid} (--group {group}) {why} and exited with code {code}; its error is printed "
-            f"above. The service stops rather than serve rewards no worker scores: fix {self.config_path} (or "
-            "what the worker's message names) and start sanarl-reward again."
+            f"reward worker pid {pid} (--group {group}) {why} and exited with code {code}: {error}. The service "
+            f"stops rather than serve rewards no worker scores: fix {self.config_path} (or what the worker's "
+            "message names) and start sanarl-reward again."
         )
         log.error("%s", self.fatal)
         callback = self.on_fatal

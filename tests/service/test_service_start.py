@@ -145,11 +145,11 @@ def test_workers_that_cannot_start_stop_the_service_with_the_reason(tmp_path):
         timeout=120,
     )
     assert run.returncode == 2, run.stderr[-3000:]
-    assert "cannot load its model" in run.stderr  # the worker's own error
-    last = run.stderr.strip().splitlines()[-1]
+    last = run.stderr.strip().splitlines()[-1]  # the service's message carries the worker's own error
     assert (
         last.startswith("sanarl-reward: error: reward worker pid") and "could not build its rewards" in last
     )
+    assert "the unloadable test reward cannot load its model (weights missing)" in last
     assert str(config) in last and "start sanarl-reward again" in last
 
 
