@@ -2,9 +2,11 @@
 
 Answers (DESIGN.md section 4, issue 5):
     POST /api/reward/enqueue   200 {"uuid"} | 401 token | 409 request id reused with another body | 413 too large
-                               | 422 malformed or unknown reward | 429 queue full | 503 Redis unreachable
+                               | 422 malformed or unknown reward | 429 queue full | 503 Redis unreachable or
+                               a requested reward has no live worker (`no_worker` lists them)
     POST /api/reward/pull      form uuid, type (+ optional wait, seconds): 200 result | 400 {"status": "pending"}
                                | 404 unknown | 500 {"status": "failed", "error"} | 401 | 422 bad form | 503
+                               | 502 {"status": "refused"}: the stored result fails its signature check
     POST /api/reward/ping      form info_data (optional): 200 {"message": "Ping request received"} | 401
     GET  /health               200 ok / 503 degraded or unavailable; details (workers) only with the token
 The token is compared in constant time (`hmac.compare_digest` of SHA-256 digests) before any body is read.
@@ -28,10 +30,18 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from reward_service.broker import PENDING_STATUS, AsyncBroker, QueueFull, RequestIdConflict, health_figures
+from reward_service.broker import (
+    PENDING_STATUS,
+    REFUSED_STATUS,
+    AsyncBroker,
+    QueueFull,
+    RequestIdConflict,
+    health_figures,
+)
 from reward_service.config import REWARD_NAME, ServiceConfig
 from reward_service.keys import Keys
 from reward_service.protocol import REQUEST_ID, EnqueueRequest, PayloadError, parse_enqueue
+from reward_service.signing import result_key
 
 FORM_LIMIT = 64 * 1024
 """Largest pull / ping form body."""
@@ -83,7 +93,9 @@ def create_app(config: ServiceConfig, *, token: str, redis_url: str) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = aioredis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
-        broker = AsyncBroker(client, Keys(config.redis_prefix), config.limits, config.workers)
+        broker = AsyncBroker(
+            client, Keys(config.redis_prefix), config.limits, config.workers, key=result_key(token)
+        )
         app.state.broker = broker
         listener = asyncio.create_task(broker.listen())
         try:
@@ -94,7 +106,9 @@ def create_app(config: ServiceConfig, *, token: str, redis_url: str) -> FastAPI:
                 await listener
             await client.aclose()
 
-    app = FastAPI(title="sanarl reward service", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(  # no /docs, /redoc, /openapi.json: nothing answers without the token but /health
+        title="sanarl reward service", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     enabled = tuple(entry.reward_type for entry in config.enabled_rewards())
     app.state.settings = Settings(config, _digest(token), enabled)
     app.add_api_route("/api/reward/enqueue", enqueue, methods=["POST"])
@@ -121,6 +135,15 @@ async def enqueue(request: Request) -> Response:
         return parsed, hashlib.sha256(body).hexdigest() if parsed.request_id else ""
 
     parsed, digest = await run_in_threadpool(parse) if len(body) > THREAD_PARSE_BYTES else parse()
+    missing = await broker.without_worker(list(parsed.rewards))
+    if missing:
+        raise Refusal(
+            503,
+            f"no live worker hosts reward(s) {missing}, so nothing would score this request; it was not queued. "
+            "Workers may still be loading (retry shortly) or have died: see GET /health and the service log.",
+            headers={"Retry-After": "1"},
+            no_worker=missing,
+        )
     return JSONResponse({"uuid": await broker.enqueue(parsed, digest)})
 
 
@@ -129,7 +152,7 @@ async def pull(request: Request) -> Response:
     request.app.state.settings.authorize(request)
     task_uuid, reward, wait = _pull_fields(await _read_form(request))
     answer = await request.app.state.broker.pull(task_uuid, reward, wait)
-    headers = {"Retry-After": "1"} if answer.status == PENDING_STATUS else None
+    headers = {"Retry-After": "1"} if answer.status in (PENDING_STATUS, REFUSED_STATUS) else None
     return JSONResponse(answer.body, status_code=answer.status, headers=headers)
 
 
@@ -145,8 +168,11 @@ async def health(request: Request) -> Response:
     settings: Settings = request.app.state.settings
     try:
         figures = await health_figures(request.app.state.broker, list(settings.enabled))
-    except RedisError as exc:
-        return JSONResponse({"status": "unavailable", "redis": {"ok": False, "error": str(exc)}}, 503)
+    except RedisError as exc:  # its text names the Redis address: only for holders of the token
+        redis_state: dict[str, Any] = {"ok": False}
+        if settings.authorized(request):
+            redis_state["error"] = f"{type(exc).__name__}: {exc}"
+        return JSONResponse({"status": "unavailable", "redis": redis_state}, 503)
     missing = [name for name in settings.enabled if figures["rewards"][name]["workers"] == 0]
     status = "degraded" if missing else "ok"
     body: dict[str, Any] = {"status": status, "redis": {"ok": True}, "pending": figures["pending"]}

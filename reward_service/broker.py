@@ -22,6 +22,7 @@ from reward_service.config import LimitsConfig, WorkersConfig
 from reward_service.keys import WAKE_CAP, Keys, queue_item, split_item
 from reward_service.lua import Scripts
 from reward_service.protocol import EnqueueRequest
+from reward_service.signing import ForgedResult, open_result, sign, task_signature
 
 log = logging.getLogger("reward_service.broker")
 
@@ -29,6 +30,10 @@ RECHECK_S = 0.5
 """A waiting pull re-reads the task at least this often."""
 REWARDS_CACHE_S = 2.0
 """How long the set of rewards served anywhere is cached for the enqueue check."""
+LIVE_CACHE_S = 1.0
+"""How long the set of rewards some live worker hosts is cached for the enqueue check (a miss re-reads it)."""
+SIGN_INLINE_BYTES = 8 * 1024 * 1024
+"""Pixels above this size are hashed for the task signature off the event loop (SHA-256 runs at ~1 GB/s)."""
 MEMORY_CACHE_S = 0.2
 """How long Redis' used memory is cached for the max_queue_bytes check."""
 
@@ -46,6 +51,10 @@ PENDING_STATUS = 400
 Cosmos-RL's own service; the body says `"status": "pending"`."""
 
 
+REFUSED_STATUS = 502
+"""Status of a pull whose stored result fails its signature check (never served); clients retry 5xx."""
+
+
 class QueueFull(Exception):
     """max_pending_tasks or max_queue_bytes reached; the message says which."""
 
@@ -61,13 +70,19 @@ def task_count(header: dict[str, Any]) -> int:
 
 
 class AsyncBroker:
-    """The server's view of the queue. `client` is a `redis.asyncio.Redis` (decode_responses=False)."""
+    """The server's view of the queue. `client` is a `redis.asyncio.Redis` (decode_responses=False); results are
+    served only when their signature checks out with `key` (`signing.result_key` of the token)."""
 
-    def __init__(self, client: Any, keys: Keys, limits: LimitsConfig, workers: WorkersConfig) -> None:
+    def __init__(
+        self, client: Any, keys: Keys, limits: LimitsConfig, workers: WorkersConfig, *, key: bytes
+    ) -> None:
         self.client, self.keys, self.limits, self.workers = client, keys, limits, workers
+        self.key = key
         self.scripts = Scripts.register(client)
         self._waiters: dict[str, set[asyncio.Future]] = defaultdict(set)
         self._served: tuple[float, set[str]] = (0.0, set())
+        self._live: tuple[float, set[str]] = (0.0, set())
+        self._forged: set[tuple[str, str]] = set()
         self._memory: tuple[float, int] = (0.0, 0)
 
     @property
@@ -82,6 +97,28 @@ class AsyncBroker:
             names = {k.decode() for k in await self.client.hkeys(self.keys.rewards)}
             self._served = (time.monotonic(), names)
         return names
+
+    async def live_rewards(self) -> set[str]:
+        """Rewards hosted by a registered worker (of any instance) whose heartbeat is alive."""
+        workers = await self.client.hgetall(self.keys.workers)
+        ids = list(workers)
+        pipe = self.client.pipeline(transaction=False)
+        for wid in ids:
+            pipe.exists(self.keys.heartbeat(wid.decode()))
+        beats = await pipe.execute() if ids else []
+        live: set[str] = set()
+        for wid, beat in zip(ids, beats, strict=True):
+            if beat:
+                live.update(json.loads(workers[wid]).get("rewards", []))
+        return live
+
+    async def without_worker(self, names: list[str]) -> list[str]:
+        """The rewards of `names` no live worker hosts (a cached answer is trusted only when it has them all)."""
+        stamp, live = self._live
+        if time.monotonic() - stamp > LIVE_CACHE_S or not set(names) <= live:
+            live = await self.live_rewards()
+            self._live = (time.monotonic(), live)
+        return sorted(set(names) - live)
 
     async def _check_memory(self) -> None:
         """QueueFull while Redis uses more than limits.max_queue_bytes (cached for MEMORY_CACHE_S)."""
@@ -106,11 +143,16 @@ class AsyncBroker:
         task_uuid = str(uuidlib.uuid4())
         rid_key = self.keys.request_id(request.request_id or "-")
         header = request.header
+        header_json = json.dumps(header, separators=(",", ":")).encode()
+        if len(request.npy) > SIGN_INLINE_BYTES:
+            signature = await asyncio.to_thread(task_signature, self.key, task_uuid, header_json, request.npy)
+        else:
+            signature = task_signature(self.key, task_uuid, header_json, request.npy)
         out = await self.scripts.enqueue(
             keys=[self.keys.task(task_uuid), self.keys.blob(task_uuid), rid_key, self.keys.pending],
             args=[
                 task_uuid,
-                json.dumps(header, separators=(",", ":")),
+                header_json,
                 request.npy,
                 task_count(header),
                 self.limits.max_pending_tasks,
@@ -119,6 +161,7 @@ class AsyncBroker:
                 self.keys.prefix,
                 json.dumps(list(request.rewards)),
                 WAKE_CAP,
+                signature,
             ],
         )
         kind, value = out[0].decode(), out[1].decode()
@@ -143,7 +186,7 @@ class AsyncBroker:
         stored, (created, count, rewards), (sec, usec) = await pipe.execute()
         ident = {"uuid": task_uuid, "type": reward}
         if stored is not None:
-            return _stored_answer(json.loads(stored), ident)
+            return self._answer(stored, ident)
         if created is None:
             return Answer(
                 404,
@@ -177,7 +220,9 @@ class AsyncBroker:
             f"{self.limits.task_deadline_s:g} s (waited {age:.1f} s): the workers are overloaded, dead or stuck; "
             "check GET /health and the service log."
         )
-        message = json.dumps({"status": "failed", "type": reward, "error": error})
+        message = sign(
+            self.key, task_uuid, reward, json.dumps({"status": "failed", "type": reward, "error": error})
+        )
         await self.scripts.fail_task(
             keys=[
                 self.keys.task(task_uuid),
@@ -214,11 +259,30 @@ class AsyncBroker:
                 except asyncio.TimeoutError:
                     continue
                 if stored:
-                    return _stored_answer(json.loads(stored), {"uuid": task_uuid, "type": reward})
+                    answer = self._answer(stored, {"uuid": task_uuid, "type": reward})
+                    if answer.status != REFUSED_STATUS:
+                        return answer  # a forged notification: re-read the task instead
             finally:
                 self._waiters[key].discard(done)
                 if not self._waiters[key]:
                     self._waiters.pop(key, None)
+
+    def _answer(self, stored: bytes, ident: dict[str, str]) -> Answer:
+        """The answer of a stored result; REFUSED_STATUS (and an error in the log) when its signature fails."""
+        try:
+            return _stored_answer(open_result(self.key, ident["uuid"], ident["type"], stored), ident)
+        except ForgedResult as exc:
+            if (
+                len(self._forged) < 1024 and (ident["uuid"], ident["type"]) not in self._forged
+            ):  # once per task
+                self._forged.add((ident["uuid"], ident["type"]))
+                log.error("%s: refused (not served). Something other than this service's workers wrote it into "
+                          "Redis (or a worker runs with another token); check who can write to this Redis.", exc)  # fmt: skip
+            error = (
+                f"{exc}: it was not written by this service's workers, so it is refused; the worker scoring the "
+                "task replaces it. Retry, and check who can write to the service's Redis (see the service log)."
+            )
+            return Answer(REFUSED_STATUS, {"status": "refused", **ident, "error": error})
 
     def _notify(self, data: bytes) -> None:
         """Hand a completion message (`<uuid>|<reward>[\\n<stored JSON>]`) to the pulls waiting on that task."""

@@ -49,7 +49,7 @@ def _load(args: argparse.Namespace):
     """Load and check the config file with the command-line overrides; returns (config, token)."""
     from reward_service.config import load_service_config
 
-    config = load_service_config(args.config)
+    config = load_service_config(args.config)  # config.source: the resolved file, handed to the workers
     if args.host is not None:
         config.host = args.host
     if args.port is not None:
@@ -66,12 +66,14 @@ def _load(args: argparse.Namespace):
 def _external_redis(url: str, source: str) -> str:
     import redis
 
+    from reward_service.config import mask_url
+
     try:
         redis.Redis.from_url(url, socket_connect_timeout=3).ping()
     except (redis.RedisError, ValueError) as exc:
         raise ConfigError(
-            f"{source}: cannot reach redis_url = {url!r} ({exc}); start that Redis, fix the URL, or leave redis_url "
-            "empty to let the service start its own redis-server."
+            f"{source}: cannot reach redis_url = {mask_url(url)!r} ({exc}); start that Redis, fix the URL, or leave "
+            "redis_url empty to let the service start its own redis-server."
         ) from None
     return url
 
@@ -93,8 +95,10 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from reward_service.app import create_app
+    from reward_service.config import mask_url
     from reward_service.embedded_redis import EmbeddedRedis
     from reward_service.rewards_setup import build_rewards
+    from reward_service.signing import result_key
     from reward_service.supervisor import Supervisor
 
     config, token = _load(args)
@@ -112,11 +116,11 @@ def serve(args: argparse.Namespace) -> None:
             if embedded is None
             else _start_embedded(embedded)
         )
-        supervisor = Supervisor(args.config, config, url, embedded).start()
+        supervisor = Supervisor(config.source, config, url, embedded, key=result_key(token)).start()
         build_rewards(config, load=False)
         names = [entry.reward_type for entry in config.enabled_rewards()]
         logging.getLogger("reward_service").info(
-            "serving %s on http://%s:%d (redis %s, %d worker(s))", names, config.host, config.port, url,
+            "serving %s on http://%s:%d (redis %s, %d worker(s))", names, config.host, config.port, mask_url(url),
             len(supervisor.slots),
         )  # fmt: skip
         app = create_app(config, token=token, redis_url=url)
@@ -128,7 +132,12 @@ def serve(args: argparse.Namespace) -> None:
             access_log=config.log_level == "debug",
             timeout_keep_alive=30,
         )
-        uvicorn.Server(uvicorn_config).run()
+        server = uvicorn.Server(uvicorn_config)
+        supervisor.on_fatal = lambda: setattr(server, "should_exit", True)
+        if supervisor.fatal is None:
+            server.run()
+        if supervisor.fatal is not None:
+            raise ConfigError(supervisor.fatal)
     finally:
         if supervisor is not None:
             supervisor.stop()

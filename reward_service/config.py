@@ -15,6 +15,7 @@ import difflib
 import os
 import re
 import sys
+import urllib.parse
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -31,6 +32,8 @@ else:  # pragma: no cover - Python 3.10
 
 TOKEN_ENV = "REMOTE_REWARD_TOKEN"
 """Environment variable holding the bearer token when the config's `token` is empty (the trainer reads it too)."""
+MIN_TOKEN_CHARS = 16
+"""Shortest bearer token accepted (a guessable token would open the service and its result signatures)."""
 REWARD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 """Reward names the service accepts (registry names such as `jpeg_compressibility`, `dance_grpo`)."""
 VIDEO_REDUCTIONS = get_args(VideoReduction)
@@ -51,6 +54,10 @@ class RedisConfig:
     """Directory of the append-only file ("" = a temporary directory removed when the service stops)."""
     executable: str = "redis-server"
     """The redis-server binary (a name on PATH or a path)."""
+    password: str = ""
+    """Password the embedded redis-server requires ("" = a random one at each start, handed to the workers in
+    their environment). Set it only when other instances or workers must share this Redis: they then use
+    `redis_url = "redis://:<password>@127.0.0.1:<port>/0"`."""
 
 
 @dataclass
@@ -198,14 +205,40 @@ class ServiceConfig:
         return [e.reward_type for e in self.enabled_rewards() if e.reward_type not in grouped]
 
     def resolved_token(self) -> str:
-        """The bearer token: `token`, else the REMOTE_REWARD_TOKEN environment variable, else ConfigError."""
+        """The bearer token: `token`, else the REMOTE_REWARD_TOKEN environment variable; ConfigError when there is
+        none or it is shorter than MIN_TOKEN_CHARS."""
         token = self.token or os.environ.get(TOKEN_ENV, "")
         if not token:
             raise ConfigError(
                 f'{self.source}: no bearer token: set `token = "..."` in the file or export {TOKEN_ENV}; '
                 "the service never runs without one (clients send it as `Authorization: Bearer <token>`)."
             )
+        if len(token) < MIN_TOKEN_CHARS or token != token.strip():
+            where = f"`token` in {self.source}" if self.token else f"{TOKEN_ENV} (the environment)"
+            raise ConfigError(
+                f"{where} is {len(token)} character(s) long{' with surrounding spaces' if token != token.strip() else ''}"
+                f"; the bearer token must be at least {MIN_TOKEN_CHARS} characters without surrounding spaces "
+                f"(it also signs the results). Make one with "
+                '`python -c "import secrets; print(secrets.token_urlsafe(32))"`.'
+            )
         return token
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (userinfo or `?password=`) replaced by `***`, for logs and messages."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        user = parts.username or ""
+        host = netloc.rpartition("@")[2]
+        netloc = f"{user}:***@{host}"
+    query = urllib.parse.urlencode(
+        [
+            (k, "***" if k == "password" else v)
+            for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ]
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def shipped_config(name: str) -> Path:
@@ -213,12 +246,21 @@ def shipped_config(name: str) -> Path:
     return Path(str(files("reward_service").joinpath("configs", f"{name.removesuffix('.toml')}.toml")))
 
 
+def resolve_config_path(path: str | Path) -> Path:
+    """The absolute path of a `--config` argument: an existing file, else the shipped config of that name
+    (`rewards` -> reward_service/configs/rewards.toml) when the argument has no directory part. The service and
+    its workers both go through this, and the service hands its result to the workers, so a shorthand means
+    the same file whatever their working directory."""
+    path = Path(path).expanduser()
+    if not path.is_file() and path.parent == Path(".") and shipped_config(path.name).is_file():
+        path = shipped_config(path.name)
+    return path.absolute()
+
+
 def load_service_config(path: str | Path) -> ServiceConfig:
     """Read and check a rewards.toml (a path, or the name of a shipped config: `rewards`); raises ConfigError
     naming the file and key."""
-    path = Path(path)
-    if not path.is_file() and path.parent == Path(".") and shipped_config(path.name).is_file():
-        path = shipped_config(path.name)
+    path = resolve_config_path(path)
     try:
         text = path.read_text()
     except OSError as exc:

@@ -1,6 +1,8 @@
 """The embedded redis-server, started when the config gives no `redis_url` (Cosmos-RL's embedded mode).
 
-It binds 127.0.0.1 only, on `[redis] port` (0 = a free port), with the append-only file on when
+It binds 127.0.0.1 only, on `[redis] port` (0 = a free port), requires a password (random unless `[redis]
+password` is set), and dies with the service (a kill -9 included: children.py; the data folder a killed service
+leaves in the temp directory is removed at the next start), with the append-only file on when
 `[redis] persistence = true`, so queued tasks survive a restart of redis-server: the supervisor restarts it with
 the same port and data directory if it dies.
 """
@@ -8,16 +10,21 @@ the same port and data directory if it dies.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import os
+import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 import redis
 
+from reward_service.children import die_with_parent
 from reward_service.config import RedisConfig
 from sanarl.errors import ConfigError
 
@@ -33,22 +40,75 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+DIR_PREFIX = "sanarl-redis-"
+"""Temporary data directories are `<tmp>/sanarl-redis-<service pid>-<random>` (mode 0700)."""
+LOCK_NAME = ".owner.lock"
+"""A file in each temporary data directory that its service holds locked (flock) for as long as it runs: the
+kernel drops the lock when the service dies, however it dies, so a lockable directory is stale."""
+
+
+def _lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on `path` (created), or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_dirs(root: Path | None = None) -> list[Path]:
+    """Remove this user's temporary data directories whose service is gone (a service killed with -9 cannot
+    remove its own): those whose lock file nobody holds; returns them."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
+        try:
+            if not path.is_dir() or path.stat().st_uid != os.getuid() or not (path / LOCK_NAME).is_file():
+                continue
+            fd = _lock(path / LOCK_NAME)
+        except OSError:
+            continue
+        if fd is not None:
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+            removed.append(path)
+    if removed:
+        log.info("removed %d stale embedded-Redis folder(s) of services that were killed: %s", len(removed),
+                 ", ".join(map(str, removed)))  # fmt: skip
+    return removed
+
+
+def _quote(value: str) -> str:
+    """A redis.conf string (double-quoted, backslash and quote escaped)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 class EmbeddedRedis:
-    """A redis-server child process; `url` is valid after `start`."""
+    """A redis-server child process; `url` is valid after `start`.
+
+    It listens on 127.0.0.1 only and requires a password (`[redis] password`, else a random one per service
+    start). The configuration, password included, reaches redis-server on its stdin (`redis-server -`): nothing
+    secret is on a command line or in a file. The process gets SIGTERM if the service dies (children.py)."""
 
     def __init__(self, config: RedisConfig) -> None:
         self.config = config
         self.port = config.port or free_port()
+        self.password = config.password or secrets.token_urlsafe(32)
         self.process: subprocess.Popen | None = None
         self._own_dir = not config.data_dir
-        self.data_dir = Path(config.data_dir or tempfile.mkdtemp(prefix="sanarl-redis-"))
+        if self._own_dir:
+            remove_stale_dirs()
+        self.data_dir = Path(config.data_dir or tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
+        self._lock_fd = _lock(self.data_dir / LOCK_NAME) if self._own_dir else None  # held until we exit
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL clients use (it holds the password: never log it, see `config.mask_url`)."""
+        return f"redis://:{urllib.parse.quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
 
-    def command(self) -> list[str]:
-        """The redis-server command line."""
+    def executable(self) -> str:
+        """The redis-server binary (ConfigError with the install command when missing)."""
         executable = shutil.which(self.config.executable)
         if executable is None:
             raise ConfigError(
@@ -56,31 +116,46 @@ class EmbeddedRedis:
                 "(`apt-get install -y redis-server`), set `redis.executable` to the binary, or point `redis_url` "
                 "at a running Redis."
             )
-        return [
-            executable,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--protected-mode", "yes",
-            "--save", "",
-            "--appendonly", "yes" if self.config.persistence else "no",
-            "--appendfsync", self.config.fsync,
-            "--dir", str(self.data_dir),
-            "--logfile", str(self.data_dir / "redis.log"),
-            "--daemonize", "no",
-        ]  # fmt: skip
+        return executable
+
+    def conf(self) -> str:
+        """The redis.conf text handed to redis-server on stdin."""
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            f"requirepass {_quote(self.password)}",
+            'save ""',
+            f"appendonly {'yes' if self.config.persistence else 'no'}",
+            f"appendfsync {self.config.fsync}",
+            f"dir {_quote(str(self.data_dir))}",
+            f"logfile {_quote(str(self.data_dir / 'redis.log'))}",
+            "daemonize no",
+        ]
+        return "\n".join(lines) + "\n"
 
     def start(self) -> None:
         """Start redis-server and wait until it answers PING (RuntimeError with its log otherwise)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        self.process = subprocess.Popen(
+            [self.executable(), "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # its log goes to redis.log (`log_tail`)
+            preexec_fn=die_with_parent(),
+        )
+        assert self.process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.process.stdin.write(self.conf().encode())
+            self.process.stdin.close()
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break
             try:
                 if client.ping():
-                    log.info("embedded redis-server on %s (data in %s)", self.url, self.data_dir)
+                    log.info("embedded redis-server on 127.0.0.1:%d, password required (data in %s)", self.port,
+                             self.data_dir)  # fmt: skip
                     return
             except redis.exceptions.BusyLoadingError:
                 pass  # replaying the append-only file
@@ -111,3 +186,6 @@ class EmbeddedRedis:
         if remove and self._own_dir:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.data_dir)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None

@@ -3,7 +3,8 @@
 A *task* is one (request uuid, reward) pair; its queue item is the string `"<reward>|<uuid>|<B>"`.
 
     task:<uuid>         hash: header (JSON), created (Redis time, s), n (B), rewards (JSON list),
-                        remaining (tasks not finished), s:<reward> (queued|done|failed), a:<reward> (crashes)
+                        remaining (tasks not finished), s:<reward> (queued|done|failed), a:<reward> (crashes),
+                        sig (the API's MAC of header and pixels, signing.task_signature)
     blob:<uuid>         the npy bytes (deleted when every task of the request finished)
     queue:<reward>      list of queue items; LPUSH at enqueue, workers take from the right (FIFO)
     wake:<reward>       list of wake-up tokens workers block on (BLPOP), one pushed per queued task
@@ -11,7 +12,8 @@ A *task* is one (request uuid, reward) pair; its queue item is the string `"<rew
     hb:<worker>         heartbeat, expires after workers.visibility_timeout_s
     workers             hash worker id -> JSON {rewards, pid, host, started}
     rewards             hash reward -> JSON {keys, default_key}, written by workers at start
-    result:<uuid>:<reward>   JSON {"status": "done", "result": {...}} or {"status": "failed", "error": ...}, TTL
+    result:<uuid>:<reward>   "<MAC>.<JSON>" (signing.sign): JSON {"status": "done", "result": {...}} or
+                        {"status": "failed", "error": ...}, TTL
     rid:<request id>    "<uuid>|<sha256 of the body>" (idempotent enqueue)
     pending             number of queue items in every queue and processing list
     lat:<reward>        recent "end_to_end_s,score_s" samples (at most 256)

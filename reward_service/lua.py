@@ -1,8 +1,10 @@
 """The Lua scripts that make every state change of a task atomic (see keys.py for the key layout).
 
 Invariant kept by every script: `pending` equals the number of queue items held in all `queue:*` and `proc:*`
-lists. A result is written once (`SET NX`), so a task scored twice (at-least-once delivery after a worker was
-presumed dead) still has one result, and the second finish only removes its item. Time is Redis' own clock
+lists. A result is written once, so a task scored twice (at-least-once delivery after a worker was presumed dead)
+still has one result, and the second finish only removes its item; the one exception is FINISH replacing a value
+the worker found unsigned (signing.py: a forged result), named exactly in its arguments. Results arrive signed:
+the scripts never see the key. Time is Redis' own clock
 (`TIME`), so instances and workers on different hosts agree. Scripts build some key names from the prefix, which
 is fine on one Redis server (Redis Cluster is not supported).
 """
@@ -23,7 +25,8 @@ ENQUEUE = (
     _NOW
     + """
 -- KEYS: task, blob, rid, pending
--- ARGV: uuid, header, npy, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap
+-- ARGV: uuid, header, npy, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap,
+--       signature (signing.task_signature of header and npy)
 local prefix = ARGV[8]
 if ARGV[7] ~= '' then
   local existing = redis.call('GET', KEYS[3])
@@ -34,7 +37,7 @@ local pending = tonumber(redis.call('GET', KEYS[4]) or '0')
 if pending + #names > tonumber(ARGV[5]) then return {'full', tostring(pending)} end
 local ttl = tonumber(ARGV[6])
 redis.call('HSET', KEYS[1], 'header', ARGV[2], 'created', string.format('%.6f', now()), 'n', ARGV[4],
-           'rewards', ARGV[9], 'remaining', #names)
+           'rewards', ARGV[9], 'remaining', #names, 'sig', ARGV[11])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
 for _, name in ipairs(names) do
@@ -56,7 +59,7 @@ CLAIM = (
 -- Moves items from the queue's consumer end to the processing list while their image counts fit the budget
 -- (the first item always moves: one large request is still scored, the reward batches it internally), and
 -- returns what scoring them needs in the same round trip:
---   {now, {item, header, created, attempts, npy, done}, ...}   (false where a key is gone)
+--   {now, {item, header, created, attempts, npy, stored result, signature}, ...}   (false where a key is gone)
 local budget, limit, prefix, name = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local out, taken, total = {string.format('%.6f', now())}, 0, 0
 while taken < limit do
@@ -67,10 +70,10 @@ while taken < limit do
   redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   taken, total = taken + 1, total + n
   local uuid = string.match(item, '^[^|]+|([^|]+)|')
-  local fields = redis.call('HMGET', prefix .. 'task:' .. uuid, 'header', 'created', 'a:' .. name)
+  local fields = redis.call('HMGET', prefix .. 'task:' .. uuid, 'header', 'created', 'a:' .. name, 'sig')
   local blob = redis.call('GET', prefix .. 'blob:' .. uuid)
-  local done = redis.call('EXISTS', prefix .. 'result:' .. uuid .. ':' .. name)
-  out[#out + 1] = {item, fields[1], fields[2], fields[3], blob, done}
+  local done = redis.call('GET', prefix .. 'result:' .. uuid .. ':' .. name)
+  out[#out + 1] = {item, fields[1], fields[2], fields[3], blob, done, fields[4]}
 end
 if taken == 0 then return {} end
 return out
@@ -81,14 +84,22 @@ FINISH = (
     _NOW
     + """
 -- KEYS: proc, result, task, blob, pending, latency
--- ARGV: item, result JSON ('' = only drop the item), ttl, status, channel, message, reward, score seconds
--- Publishes "<uuid>|<reward>\\n<result JSON>": waiting pulls answer from the message without reading Redis again.
+-- ARGV: item, signed result ('' = only drop the item), ttl, status, channel, message, reward, score seconds,
+--       replace (the exact stored value this result may replace: one the worker found failing its signature check)
+-- Returns 1 when the result was stored, 0 when there was nothing to store (a dropped item, an expired task), -1
+-- when another value is stored there (a duplicate scoring, or a forged value the worker then checks).
+-- Publishes "<uuid>|<reward>\\n<result>": waiting pulls answer from the message without reading Redis again.
 local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
 if removed > 0 then redis.call('DECRBY', KEYS[5], removed) end
 if ARGV[2] == '' or redis.call('EXISTS', KEYS[3]) == 0 then return 0 end
-if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', tonumber(ARGV[3])) then return 0 end
+local current = redis.call('GET', KEYS[2])
+if current and current ~= ARGV[9] then return -1 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', tonumber(ARGV[3]))
+local previous = redis.call('HGET', KEYS[3], 's:' .. ARGV[7])
 redis.call('HSET', KEYS[3], 's:' .. ARGV[7], ARGV[4])
-if redis.call('HINCRBY', KEYS[3], 'remaining', -1) <= 0 then redis.call('DEL', KEYS[4]) end
+if previous ~= 'done' and previous ~= 'failed' then
+  if redis.call('HINCRBY', KEYS[3], 'remaining', -1) <= 0 then redis.call('DEL', KEYS[4]) end
+end
 local created = tonumber(redis.call('HGET', KEYS[3], 'created'))
 redis.call('LPUSH', KEYS[6], string.format('%.6f,%s', now() - created, ARGV[8]))
 redis.call('LTRIM', KEYS[6], 0, 255)
@@ -99,11 +110,13 @@ return 1
 
 REAP = """
 -- KEYS: proc, heartbeat, workers, pending
--- ARGV: worker id, prefix, max attempts, result ttl, channel, wake cap
+-- ARGV: worker id, prefix, max attempts, result ttl, channel, wake cap, failures (JSON {item: signed failure})
 -- Hands the items of a dead worker (no heartbeat) back to their queues; a task whose workers died max attempts
--- times fails instead. Returns the number requeued, -1 when the worker is alive.
+-- times fails instead, with the failure the caller signed for its item (requeued when the caller had none: it
+-- fails at the next reap). Returns the number requeued, -1 when the worker is alive.
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local prefix, max_attempts = ARGV[2], tonumber(ARGV[3])
+local failures = cjson.decode(ARGV[7])
 local requeued = 0
 for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
   local name, uuid = string.match(item, '^([^|]+)|([^|]+)|')
@@ -112,10 +125,8 @@ for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
     redis.call('DECR', KEYS[4])
   else
     local attempts = redis.call('HINCRBY', task, 'a:' .. name, 1)
-    if attempts >= max_attempts then
-      local msg = cjson.encode({status = 'failed', type = name, error = 'the worker scoring this task died '
-        .. attempts .. ' times (workers.max_attempts = ' .. max_attempts .. '): reward ' .. name
-        .. ' crashes its process on this input (out of memory?); see the service log.'})
+    local msg = failures[item]
+    if attempts >= max_attempts and msg then
       if redis.call('SET', prefix .. 'result:' .. uuid .. ':' .. name, msg, 'NX', 'EX', tonumber(ARGV[4])) then
         redis.call('HSET', task, 's:' .. name, 'failed')
         if redis.call('HINCRBY', task, 'remaining', -1) <= 0 then redis.call('DEL', prefix .. 'blob:' .. uuid) end
@@ -137,7 +148,7 @@ return requeued
 
 FAIL_TASK = """
 -- KEYS: task, result, queue, pending, blob
--- ARGV: item, result JSON, ttl, reward, channel, message
+-- ARGV: item, signed result, ttl, reward, channel, message
 -- Fails a task that is still queued or running (deadline passed); a worker still holding it only drops it later.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', tonumber(ARGV[3])) then return 0 end

@@ -2,10 +2,15 @@
 
 Workers: `workers.count` general ones (hosting the enabled rewards no `[[worker_groups]]` entry takes; none when
 every reward is grouped) and `count` per group (`python -m reward_service.worker --group <index>`).
-A thread checks every `TICK_S`: a worker that exited is restarted (into the same group) (at most `workers.restart_limit` times a
-minute; past that the service keeps running and /health reports the missing workers), a dead embedded
-redis-server is restarted on the same port and data directory (the append-only file brings the queue back),
-and workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
+A thread checks every `TICK_S`:
+- a worker that exited is restarted into the same group (at most `workers.restart_limit` times a minute; past
+  that the service keeps running and /health reports the missing workers);
+- a worker that exited with a code a restart would only repeat (`NO_RESTART_EXITS`: its rewards cannot be
+  built, Redis refuses it) sets `fatal` and calls `on_fatal`, which stops the service: it exits with that
+  message instead of serving a reward nobody scores;
+- a dead embedded redis-server is restarted on the same port and data directory (the append-only file brings
+  the queue back);
+- workers without a heartbeat are reaped (their tasks requeued) even when no worker is left to do it.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
+from reward_service.children import die_with_parent
 from reward_service.config import ServiceConfig
 from reward_service.embedded_redis import EmbeddedRedis
 from reward_service.keys import Keys
 from reward_service.lua import Scripts
-from reward_service.worker import NO_RESTART_EXITS, REDIS_URL_ENV, reap_dead_workers
+from reward_service.worker import BAD_CONFIG_EXIT, NO_RESTART_EXITS, REDIS_URL_ENV, reap_dead_workers
 
 log = logging.getLogger("reward_service.supervisor")
 
@@ -43,16 +50,31 @@ def worker_slots(config: ServiceConfig) -> list[str]:
 
 
 class Supervisor:
-    """Starts the worker processes of `worker_slots(config)` for the Redis at `redis_url` and watches them."""
+    """Starts the worker processes of `worker_slots(config)` for the Redis at `redis_url` and watches them.
+
+    `config_path` is the file the service read (`config.resolve_config_path`'s answer), handed to every worker
+    as an absolute path. `fatal` is set (then `on_fatal` called) when a worker exits with a code in
+    `NO_RESTART_EXITS`."""
 
     def __init__(
-        self, config_path: str | Path, config: ServiceConfig, redis_url: str, embedded: EmbeddedRedis | None
+        self,
+        config_path: str | Path,
+        config: ServiceConfig,
+        redis_url: str,
+        embedded: EmbeddedRedis | None,
+        *,
+        key: bytes,
     ) -> None:
-        self.config_path = str(Path(config_path).resolve())
+        self.config_path = str(Path(config_path).absolute())
+        self.key = key
         self.config, self.redis_url, self.embedded = config, redis_url, embedded
         self.slots = worker_slots(config)
         self.workers: list[subprocess.Popen] = []
         self.restarts: deque[float] = deque()
+        self.fatal: str | None = None
+        self._forwarders: dict[int, threading.Thread] = {}
+        self._errors: dict[int, str] = {}
+        self.on_fatal: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
@@ -64,7 +86,27 @@ class Supervisor:
             "--group", group,
         ]  # fmt: skip
         env = {**os.environ, REDIS_URL_ENV: self.redis_url}  # not on argv: a URL may hold a password
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=die_with_parent()
+        )
+        forward = threading.Thread(target=self._forward, args=(process,), name="worker-stderr", daemon=True)
+        forward.start()
+        self._forwarders[process.pid] = forward
+        return process
+
+    def _forward(self, process: subprocess.Popen) -> None:
+        """Copy a worker's stderr to ours, line by line, remembering its last error line (for `fatal`)."""
+        assert process.stderr is not None
+        for raw in process.stderr:
+            line = raw.decode(errors="replace")
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if (
+                ": error: " in line
+            ):  # the worker's one-paragraph message (bad config, rewards that do not build)
+                self._errors[process.pid] = line.split(": error: ", 1)[1].strip()
+            elif " ERROR " in line:  # a logged error (Redis refusing it)
+                self._errors[process.pid] = line.split(" ERROR ", 1)[1].strip()
 
     def start(self) -> Supervisor:
         self.workers = [self._spawn(group) for group in self.slots]
@@ -82,7 +124,7 @@ class Supervisor:
             if time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + self.config.workers.visibility_timeout_s / 2
                 try:
-                    reap_dead_workers(client, keys, self.config, scripts)
+                    reap_dead_workers(client, keys, self.config, scripts, self.key)
                 except redis.RedisError as exc:
                     log.debug("reaper: %s", exc)
 
@@ -97,8 +139,13 @@ class Supervisor:
     def _restart_workers(self) -> None:
         for i, process in enumerate(self.workers):
             code = process.poll()
-            if code is None or code in NO_RESTART_EXITS or self._stop.is_set():
-                continue  # a worker that refused its config (or was refused by Redis) would be again
+            if code is None or self._stop.is_set() or self.fatal is not None:
+                continue
+            if (
+                code in NO_RESTART_EXITS
+            ):  # a worker that refused its config (or was refused by Redis) would be again
+                self._give_up(process.pid, self.slots[i], code)
+                continue
             now = time.monotonic()
             while self.restarts and now - self.restarts[0] > 60:
                 self.restarts.popleft()
@@ -107,6 +154,23 @@ class Supervisor:
             log.error("worker pid %d exited with code %s; starting a new one", process.pid, code)
             self.restarts.append(now)
             self.workers[i] = self._spawn(self.slots[i])
+
+    def _give_up(self, pid: int, group: str, code: int) -> None:
+        """Record why the service cannot run (`fatal`) and ask it to stop (`on_fatal`)."""
+        why = "could not build its rewards" if code == BAD_CONFIG_EXIT else "was refused by Redis"
+        forward = self._forwarders.get(pid)
+        if forward is not None:
+            forward.join(timeout=2.0)  # its last lines
+        error = self._errors.get(pid, "(no error line; see its output above)").rstrip(".")
+        self.fatal = (
+            f"reward worker pid {pid} (--group {group}) {why} and exited with code {code}: {error}. The service "
+            f"stops rather than serve rewards no worker scores: fix {self.config_path} (or what the worker's "
+            "message names) and start sanarl-reward again."
+        )
+        log.error("%s", self.fatal)
+        callback = self.on_fatal
+        if callback is not None:
+            callback()
 
     def stop(self) -> None:
         """Stop the watch thread and the workers (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""

@@ -9,7 +9,9 @@ device); more can run on other machines against the same Redis (default `--group
 Reliability (at-least-once, no task lost): a task is claimed by moving its queue item into this worker's
 processing list in one Lua step; a heartbeat thread refreshes `hb:<worker>` every third of the visibility
 timeout. A worker that dies (kill -9, OOM, machine loss) stops beating; after the visibility timeout any worker
-or the supervisor of any instance moves its items back to their queues (lua.REAP). Results are written once.
+or the supervisor of any instance moves its items back to their queues (lua.REAP). Results are written once,
+signed with a key derived from the service's token (signing.py), so a worker needs the token too (`token` in
+the config or REMOTE_REWARD_TOKEN).
 
 Loop: claim every hosted reward's queued tasks (up to `workers.batch_images` images per reward; the claim script
 also returns the tasks' headers and pixels, one round trip), score them, finish them; when nothing is queued,
@@ -20,6 +22,7 @@ if it is time to. A claim never waits to fill a batch: tasks queued while a batc
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
@@ -38,6 +41,7 @@ from reward_service.keys import WAKE_CAP, Keys, split_item
 from reward_service.lua import Scripts
 from reward_service.protocol import decode_array
 from reward_service.scoring import Outcome, Task, score_tasks
+from reward_service.signing import genuine, result_key, sign, task_signature
 from sanarl.errors import ConfigError, UserError
 
 log = logging.getLogger("reward_service.worker")
@@ -80,13 +84,31 @@ class RedisRefused(RuntimeError):
     """Redis answered but refused the worker's commands `REFUSALS_BEFORE_EXIT` times in a row."""
 
 
-def reap_dead_workers(client: redis.Redis, keys: Keys, config: ServiceConfig, scripts: Scripts) -> int:
-    """Requeue the tasks of every registered worker without a heartbeat; returns how many were requeued."""
+def poison_failures(key: bytes, items: list[str], max_attempts: int) -> str:
+    """The signed failure of each held item, for REAP to store when its task reached `max_attempts` deaths."""
+    failures = {}
+    for item in items:
+        name, task_uuid, _ = split_item(item)
+        error = (
+            f"the worker scoring this task died {max_attempts} times (workers.max_attempts = {max_attempts}): "
+            f"reward {name} crashes its process on this input (out of memory?); see the service log."
+        )
+        message = json.dumps({"status": "failed", "type": name, "error": error})
+        failures[item] = sign(key, task_uuid, name, message)
+    return json.dumps(failures)
+
+
+def reap_dead_workers(
+    client: redis.Redis, keys: Keys, config: ServiceConfig, scripts: Scripts, key: bytes
+) -> int:
+    """Requeue the tasks of every registered worker without a heartbeat (failing those that reached
+    workers.max_attempts, with a failure signed with `key`); returns how many were requeued."""
     total = 0
     for raw in client.hkeys(keys.workers):
         wid = raw.decode()
         if client.exists(keys.heartbeat(wid)):
             continue
+        held = [item.decode() for item in client.lrange(keys.proc(wid), 0, -1)]
         moved = scripts.reap(
             keys=[keys.proc(wid), keys.heartbeat(wid), keys.workers, keys.pending],
             args=[
@@ -96,6 +118,7 @@ def reap_dead_workers(client: redis.Redis, keys: Keys, config: ServiceConfig, sc
                 int(config.limits.result_ttl_s),
                 keys.channel,
                 WAKE_CAP,
+                poison_failures(key, held, config.workers.max_attempts),
             ],
         )
         if moved > 0:
@@ -106,7 +129,8 @@ def reap_dead_workers(client: redis.Redis, keys: Keys, config: ServiceConfig, sc
 
 class Worker:
     """Scores the tasks of `rewards` ({name: Reward}, models loaded) from the Redis behind `client`, at most
-    `batch_images` images per scoring call (0 = `workers.batch_images`)."""
+    `batch_images` images per scoring call (0 = `workers.batch_images`); results are signed with `key`
+    (`signing.result_key` of the service's token)."""
 
     def __init__(
         self,
@@ -115,8 +139,11 @@ class Worker:
         client: redis.Redis,
         parent: int = 0,
         batch_images: int = 0,
+        *,
+        key: bytes,
     ) -> None:
         self.config, self.rewards, self.client, self.parent = config, rewards, client, parent
+        self.key = key
         self.batch_images = batch_images or config.workers.batch_images
         self.frames = {
             name: (
@@ -181,6 +208,7 @@ class Worker:
                 int(self.config.limits.result_ttl_s),
                 self.keys.channel,
                 WAKE_CAP,
+                "{}",
             ],
         )
 
@@ -232,7 +260,7 @@ class Worker:
     def _maybe_reap(self) -> None:
         if time.monotonic() >= self._next_reap:
             self._next_reap = time.monotonic() + self.config.workers.visibility_timeout_s / 2
-            reap_dead_workers(self.client, self.keys, self.config, self.scripts)
+            reap_dead_workers(self.client, self.keys, self.config, self.scripts, self.key)
 
     def step(self) -> bool:
         """Claim and score what is queued for each hosted reward; True when anything was claimed."""
@@ -253,39 +281,73 @@ class Worker:
         if tasks:
             finished.update(score_tasks(self.rewards[name], tasks))
         pipe = self.client.pipeline(transaction=False)
-        for item, outcome in finished.items():
-            self._finish(pipe, name, item, outcome)
+        signed = {item: self._signed(name, item, outcome) for item, outcome in finished.items()}
+        for item, (message, status, seconds) in signed.items():
+            self._finish(pipe, name, item, message, status, seconds)
+        for (item, (message, status, seconds)), stored in zip(signed.items(), pipe.execute(), strict=True):
+            if stored == -1:
+                self._replace_forged(name, item, message, status, seconds)
+
+    def _replace_forged(self, name: str, item: str, message: str, status: str, seconds: float) -> None:
+        """Another value sits where this result goes: keep it when this service signed it (the task was scored
+        twice), else log it and store the real result in its place."""
+        _, task_uuid, _ = split_item(item)
+        current = self.client.get(self.keys.result(task_uuid, name))
+        if current is not None and genuine(self.key, task_uuid, name, current):
+            return
+        if current is None:  # it expired or was deleted meanwhile: store ours as usual
+            current = b""
+        else:
+            log.error(
+                "the stored result of task %s (%s) was not signed by this service (forged, or written with "
+                "another token); replacing it with the scored result. Check who can write to this Redis.",
+                task_uuid,
+                name,
+            )
+        pipe = self.client.pipeline(transaction=False)
+        self._finish(pipe, name, item, message, status, seconds, replace=current)
         pipe.execute()
 
     def _load(self, name: str, items: list[str]) -> tuple[float, list[tuple]]:
-        """Redis time and one row `(item, header, created, attempts, npy, done)` per held item (None where a
-        key is gone), as the claim script returns them."""
+        """Redis time and one row `(item, header, created, attempts, npy, stored result, signature)` per held item
+        (None where a key is gone), as the claim script returns them."""
         pipe = self.client.pipeline(transaction=False)
         for item in items:
             _, task_uuid, _ = split_item(item)
-            pipe.hmget(self.keys.task(task_uuid), "header", "created", f"a:{name}")
+            pipe.hmget(self.keys.task(task_uuid), "header", "created", f"a:{name}", "sig")
             pipe.get(self.keys.blob(task_uuid))
-            pipe.exists(self.keys.result(task_uuid, name))
+            pipe.get(self.keys.result(task_uuid, name))
         pipe.time()
         out = pipe.execute()
         sec, usec = out[-1]
         rows = []
         for i, item in enumerate(items):
-            (header, created, attempts), blob, done = out[3 * i : 3 * i + 3]
-            rows.append((item, header, created, attempts, blob, done))
+            (header, created, attempts, signature), blob, stored = out[3 * i : 3 * i + 3]
+            rows.append((item, header, created, attempts, blob, stored, signature))
         return sec + usec / 1e6, rows
 
     def _tasks(
         self, name: str, now: float, rows: list[tuple]
     ) -> tuple[list[Task], dict[str, Outcome | None]]:
         """Tasks to score, and the items settled without scoring: None = drop (finished elsewhere, or the request
-        expired), else the failure (deadline passed, pixels unreadable)."""
+        expired), else the failure (deadline passed, pixels unreadable). A stored result this service did not sign
+        does not count as finished: the task is scored and the result replaces it."""
         tasks: list[Task] = []
         settled: dict[str, Outcome | None] = {}
         deadline = self.config.limits.task_deadline_s
-        for item, header, created, attempts, blob, done in rows:
+        for item, header, created, attempts, blob, stored, signature in rows:
+            task_uuid = split_item(item)[1]
+            done = stored is not None and genuine(self.key, task_uuid, name, stored)
             if done or header is None or blob is None:
                 settled[item] = None
+            elif not _signed_by_api(self.key, task_uuid, header, blob, signature):
+                log.error("task %s (%s): its stored prompts / pixels fail their signature check; refused", task_uuid,
+                          name)  # fmt: skip
+                settled[item] = Outcome(
+                    error=f"reward {name!r}: the request's stored data (prompts, pixels) fails its signature check: "
+                    "it was changed in Redis after enqueue, so it is not scored. Check who can write to the "
+                    "service's Redis."
+                )
             elif now - float(created) > deadline:
                 error = (
                     f"reward {name!r}: no worker took this task within limits.task_deadline_s = {deadline:g} s "
@@ -306,17 +368,24 @@ class Worker:
                 tasks.append(Task(item, header, array, int(attempts or 0), stride, reduction))
         return tasks, settled
 
-    def _finish(self, pipe: Any, name: str, item: str, outcome: Outcome | None) -> None:
-        """Queue the FINISH script on `pipe`: write the result (or failure) once, drop the item, notify."""
-        _, task_uuid, _ = split_item(item)
+    def _signed(self, name: str, item: str, outcome: Outcome | None) -> tuple[str, str, float]:
+        """(signed stored value, status, scoring seconds) of an outcome; ("", "", 0) = only drop the item."""
         if outcome is None:
-            message, status, seconds = "", "", 0.0
-        elif outcome.result is not None:
+            return "", "", 0.0
+        if outcome.result is not None:
             message = json.dumps({"status": "done", "result": outcome.result}, allow_nan=False)
             status, seconds = "done", outcome.result["duration"]
         else:
             message = json.dumps({"status": "failed", "type": name, "error": outcome.error})
             status, seconds = "failed", 0.0
+        return sign(self.key, split_item(item)[1], name, message), status, seconds
+
+    def _finish(
+        self, pipe: Any, name: str, item: str, message: str, status: str, seconds: float, replace: bytes = b""
+    ) -> None:
+        """Queue the FINISH script on `pipe`: write the signed result (or failure) once - in place of `replace`,
+        a forged value, when given -, drop the item, notify."""
+        _, task_uuid, _ = split_item(item)
         self.scripts.finish(
             keys=[
                 self.keys.proc(self.id),
@@ -335,6 +404,7 @@ class Worker:
                 f"{task_uuid}|{name}",
                 name,
                 seconds,
+                replace,
             ],
             client=pipe,
         )
@@ -342,8 +412,14 @@ class Worker:
 
 def _row(raw: list) -> tuple:
     """A claim script row with the item decoded (the other fields stay bytes / None)."""
-    item, header, created, attempts, blob, done = raw
-    return item.decode(), header, created, attempts, blob, int(done)
+    item, header, created, attempts, blob, stored, signature = raw
+    return item.decode(), header, created, attempts, blob, stored, signature
+
+
+def _signed_by_api(key: bytes, task_uuid: str, header: bytes, blob: bytes, signature: bytes | None) -> bool:
+    """True when the task's header and pixels are those the API signed at enqueue."""
+    expected = task_signature(key, task_uuid, header, blob).encode()
+    return signature is not None and hmac.compare_digest(signature, expected)
 
 
 def _hosted(config: ServiceConfig, group: str) -> tuple[list[str], str, int]:
@@ -393,6 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"give --redis-url or set {REDIS_URL_ENV}")
     try:
         config = load_service_config(args.config)
+        key = result_key(config.resolved_token())  # results are signed with the service's token
         logging.basicConfig(
             level=config.log_level.upper(),
             format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s",
@@ -410,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"reward worker {os.getpid()}: error: {exc}\n")
         sys.exit(BAD_CONFIG_EXIT)
     client = redis.Redis.from_url(args.redis_url, socket_timeout=30)
-    worker = Worker(config, rewards, client, args.parent, batch_images)
+    worker = Worker(config, rewards, client, args.parent, batch_images, key=key)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop.set())
     worker.register()

@@ -36,6 +36,7 @@ from reward_service.config import LimitsConfig, WorkersConfig, loads_service_con
 from reward_service.keys import Keys, queue_item
 from reward_service.lua import Scripts
 from reward_service.protocol import parse_enqueue
+from reward_service.signing import open_result, result_key
 from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
@@ -50,13 +51,15 @@ pytestmark = pytest.mark.service
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sanarl-hypothesis")  # not .hypothesis/ in the repo
 
 PREFIX = "sanarl:reward:"
+REDIS_PASSWORD = "live-test-redis-password-0123"
+"""Instance a's embedded redis-server requires it (set in the config, so that b and the tests can share it)."""
 REWARDS = ("jpeg_compressibility", "jpeg_incompressibility", "shapes", "slow_mean")
 
 
 def config_text(port: int, workers: int, deadline: float, redis_port: int, embedded_dir: str = "") -> str:
     """Instance config: embedded redis-server on `redis_port` when `embedded_dir` is set, else that Redis."""
     entries = "".join(f'[[reward_args]]\nreward_type = "{name}"\n' for name in REWARDS)
-    url = "" if embedded_dir else f"redis://127.0.0.1:{redis_port}/0"
+    url = "" if embedded_dir else f"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_port}/0"
     return f"""
 port = {port}
 token = "{TOKEN}"
@@ -67,6 +70,7 @@ redis_url = "{url}"
 port = {redis_port}
 persistence = true
 data_dir = "{embedded_dir}"
+password = "{REDIS_PASSWORD}"
 [limits]
 max_payload_bytes = 2000000
 max_images = 64
@@ -102,7 +106,7 @@ def svc(tmp_path_factory):
     redis_port, a_port, b_port = free_ports(3)
     a = Service(tmp, "a", config_text(a_port, 2, 60.0, redis_port, str(tmp / "redis-a")), a_port).start()
     b = Service(tmp, "b", config_text(b_port, 0, 1.5, redis_port), b_port)
-    client = redis.Redis(port=redis_port, socket_timeout=10)
+    client = redis.Redis(port=redis_port, password=REDIS_PASSWORD, socket_timeout=10)
     try:
         wait_for_redis(client, a)  # b checks its redis_url at start
         b.start()
@@ -433,17 +437,72 @@ def test_any_instance_answers_and_a_task_past_its_deadline_fails(svc):
     wait_for(lambda: pending(svc) == 0, what="the late worker to drop its copy")
 
 
+def pull_until(service: Service, uuid: str, reward: str, status: int, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        got, answer = service.pull(uuid, reward, wait=1.0)
+        if got == status:
+            return answer
+        assert time.monotonic() < deadline, f"no {status} within {timeout} s; last {got} {answer}"
+        time.sleep(0.1)
+
+
+def test_a_forged_result_written_into_redis_is_never_served(svc):
+    """A local process wrote `{"scores": ...999...}` under a task's result key and the API served it with 200.
+    Now Redis refuses a client without the password; a writer that has it (or shares an external Redis) gets its
+    unsigned value refused (502, logged; a forged pub/sub notice is ignored too), the worker that scores the task
+    replaces it, and the real score is served. A forgery over a finished result is refused as well."""
+    forged = json.dumps({"status": "done", "result": {"scores": {"mean": [999.0]}, "attempts": 1}})
+    stranger = redis.Redis(port=svc.redis_port, socket_timeout=5)  # no password
+    for command in (lambda: stranger.set(f"{PREFIX}result:x:slow_mean", forged), lambda: stranger.keys("*")):
+        with pytest.raises(redis.AuthenticationError):
+            command()
+    pixels = images(1, 8, seed=31)
+    uuid = enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0}, metadata={"sleep": 3.0}))
+    key = f"{PREFIX}result:{uuid}:slow_mean"
+    svc.redis.set(key, forged)  # with the password, before the worker is done
+    svc.redis.publish(PREFIX + "done", f"{uuid}|slow_mean\n{forged}")
+    for service in (svc.a, svc.b):
+        status, answer = service.pull(uuid, "slow_mean")
+        assert status == 502 and answer["status"] == "refused" and "999" not in json.dumps(answer)
+        assert "fails its signature check" in answer["error"]
+    real = pull_until(svc.a, uuid, "slow_mean", 200)
+    assert real["scores"]["mean"] == pytest.approx([pixels.mean() / 255], abs=1e-6)
+    svc.redis.set(key, "0" * 64 + "." + forged, keepttl=True)  # over the finished result, a made-up signature
+    status, answer = svc.a.pull(uuid, "slow_mean", wait=1.0)
+    assert status == 502 and "999" not in json.dumps(answer)
+    assert "refused (not served)" in svc.a.log.read_text()
+    assert (
+        "was not signed by this service" in svc.a.log.read_text()
+    )  # the worker's notice when it replaced it
+
+
+def test_pixels_changed_in_redis_after_enqueue_are_never_scored(svc):
+    """The API signs each request's header and pixels; a writer with Redis access who swaps the pixels of a queued
+    task (to make a worker sign a score of its choosing) gets the task failed, not scored."""
+    blockers = occupy_both_workers(svc, sleep=2.0)
+    pixels = images(1, 8, seed=32)
+    uuid = enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0}))
+    buffer = io.BytesIO()
+    np.save(buffer, np.full_like(pixels, 255), allow_pickle=False)  # slow_mean would score it 1.0
+    assert svc.redis.set(f"{PREFIX}blob:{uuid}", buffer.getvalue(), xx=True, keepttl=True)
+    status, answer = svc.a.result(uuid, "slow_mean")
+    assert status == 500 and "fails its signature check" in answer["error"] and "scores" not in answer
+    for blocker in blockers:
+        assert svc.a.result(blocker, "slow_mean")[0] == 200
+
+
 def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     """Lua REAP on the real Redis (separate key prefix, no worker serves it): requeue, count, fail at max."""
     config = loads_service_config(
-        'token = "t"\nredis_prefix = "reaptest:"\n[workers]\nmax_attempts = 2\n'
+        f'token = "{TOKEN}"\nredis_prefix = "reaptest:"\n[workers]\nmax_attempts = 2\n'
         '[[reward_args]]\nreward_type = "jpeg_compressibility"\n'
     )
     keys, scripts = Keys("reaptest:"), Scripts.register(svc.redis)
     header = json.dumps({"shape": [2, 1, 1, 3], "media_type": "image"})
     scripts.enqueue(
         keys=[keys.task("u1"), keys.blob("u1"), keys.request_id("-"), keys.pending],
-        args=["u1", header, b"npy", 2, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10],
+        args=["u1", header, b"npy", 2, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10, "sig"],
     )
     item = queue_item("jpeg_compressibility", "u1", 2)
     for attempt in (1, 2):
@@ -452,14 +511,19 @@ def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
             keys=[keys.queue("jpeg_compressibility"), keys.proc("ghost")],
             args=[64, 10, keys.prefix, "jpeg_compressibility"],
         )  # [Redis time, [item, header, created, attempts, npy, result exists]]
-        assert claimed[1][0] == item.encode() and claimed[1][4] == b"npy" and claimed[1][5] == 0
+        assert claimed[1][0] == item.encode() and claimed[1][4] == b"npy" and claimed[1][5] is None
         assert json.loads(claimed[1][1]) == json.loads(header) and len(claimed) == 2
         assert int(claimed[1][3] or 0) == attempt - 1
-        moved = reap_dead_workers(svc.redis, keys, config, scripts)
+        moved = reap_dead_workers(svc.redis, keys, config, scripts, result_key(TOKEN))
         assert int(svc.redis.hget(keys.task("u1"), "a:jpeg_compressibility")) == attempt
         assert svc.redis.hexists(keys.workers, "ghost") is False and svc.redis.exists(keys.proc("ghost")) == 0
         assert moved == (1 if attempt == 1 else 0)
-    stored = json.loads(svc.redis.get(keys.result("u1", "jpeg_compressibility")))
+    stored = open_result(
+        result_key(TOKEN),
+        "u1",
+        "jpeg_compressibility",
+        svc.redis.get(keys.result("u1", "jpeg_compressibility")),
+    )
     assert stored["status"] == "failed" and "died 2 times (workers.max_attempts = 2)" in stored["error"]
     assert int(svc.redis.get(keys.pending)) == 0 and svc.redis.exists(keys.blob("u1")) == 0
     assert svc.redis.llen(keys.queue("jpeg_compressibility")) == 0
@@ -470,9 +534,15 @@ def test_memory_back_pressure_refuses_before_writing(svc):
     parsed = parse_enqueue(body(images(1, 4), {"shapes": 1.0}), max_images=4, max_json_bytes=1000)
 
     async def enqueue() -> None:
-        client = aioredis.Redis(port=svc.redis_port)
+        client = aioredis.Redis(port=svc.redis_port, password=REDIS_PASSWORD)
         try:
-            broker = AsyncBroker(client, Keys("memtest:"), LimitsConfig(max_queue_bytes=1), WorkersConfig())
+            broker = AsyncBroker(
+                client,
+                Keys("memtest:"),
+                LimitsConfig(max_queue_bytes=1),
+                WorkersConfig(),
+                key=result_key(TOKEN),
+            )
             await broker.enqueue(parsed, "")
         finally:
             await client.aclose()
@@ -607,4 +677,4 @@ def test_shutdown_stops_workers_and_the_embedded_redis(svc):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(port=svc.redis_port, socket_connect_timeout=1).ping()
+        redis.Redis(port=svc.redis_port, password=REDIS_PASSWORD, socket_connect_timeout=1).ping()

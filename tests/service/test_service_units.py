@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -19,9 +20,11 @@ from hypothesis.configuration import set_hypothesis_home_dir
 from service_helpers import require_redis
 
 from reward_service.cli import main as cli_main
-from reward_service.config import loads_service_config
+from reward_service.config import loads_service_config, mask_url
+from reward_service.embedded_redis import DIR_PREFIX, LOCK_NAME, _lock, remove_stale_dirs
 from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
 from reward_service.scoring import Task, score_tasks
+from reward_service.signing import ForgedResult, genuine, open_result, result_key, sign
 from reward_service.supervisor import worker_slots
 from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, Worker, _hosted
 from sanarl.errors import ConfigError
@@ -214,7 +217,8 @@ def test_fuzzed_bodies_only_raise_payload_errors(data):
 
 # ------------------------------------------------------------------------------------------------ config
 
-BASE = 'token = "t"\n[[reward_args]]\nreward_type = "jpeg_compressibility"\n'
+TOKEN = "unit-test-token-0123456789"
+BASE = f'token = "{TOKEN}"\n[[reward_args]]\nreward_type = "jpeg_compressibility"\n'
 
 
 def test_config_defaults_and_reward_options():
@@ -225,7 +229,7 @@ def test_config_defaults_and_reward_options():
     assert cfg.host == "127.0.0.1" and cfg.workers.count == 1 and cfg.redis.persistence is True
     assert [e.reward_type for e in cfg.enabled_rewards()] == ["jpeg_compressibility"]
     assert cfg.reward_args[1].build_options() == {"batch_size": 4, "model": "/m", "dtype": "bf16"}
-    assert cfg.resolved_token() == "t"
+    assert cfg.resolved_token() == TOKEN
 
 
 @pytest.mark.parametrize(
@@ -235,7 +239,7 @@ def test_config_defaults_and_reward_options():
         ("port = 'x'\n" + BASE, "`port` must be int"),
         (BASE + "[workers]\ncount = -1\n", "`workers.count` = -1 must be >= 0"),
         (BASE + '[[reward_args]]\nreward_type = "jpeg_compressibility"\n', "more than once"),
-        ('token = "t"\n[[reward_args]]\nreward_type = "shapes"\nenable = false\n', "no reward is enabled"),
+        ('[[reward_args]]\nreward_type = "shapes"\nenable = false\n', "no reward is enabled"),
         (BASE + "[limits]\nresult_ttl_s = 0\n", "`limits.result_ttl_s` = 0.0 must be > 0"),
         (BASE + '[redis]\nfsync = "sometimes"\n', "`redis.fsync`"),
         (BASE + "port = 1 2\n", "not valid TOML"),
@@ -260,9 +264,9 @@ def test_config_errors_name_the_key(text, fragment):
 
 
 def test_config_token_from_env_or_error(monkeypatch):
-    cfg = loads_service_config(BASE.replace('token = "t"\n', ""))
-    monkeypatch.setenv("REMOTE_REWARD_TOKEN", "from-env")
-    assert cfg.resolved_token() == "from-env"
+    cfg = loads_service_config(BASE.replace(f'token = "{TOKEN}"\n', ""))
+    monkeypatch.setenv("REMOTE_REWARD_TOKEN", "from-env-0123456789")
+    assert cfg.resolved_token() == "from-env-0123456789"
     monkeypatch.delenv("REMOTE_REWARD_TOKEN")
     with pytest.raises(ConfigError, match="REMOTE_REWARD_TOKEN"):
         cfg.resolved_token()
@@ -517,3 +521,69 @@ def test_video_native_rewards_get_whole_clips_batched_by_clip_shape():
             (array.reshape(array.shape[0], -1) / 255.0).mean(1).tolist(), abs=1e-6
         )
         assert result["frames"] == {"whole_clip": True, "frames": array.shape[2]}
+
+
+@pytest.mark.parametrize(
+    ("line", "env", "fragment"),
+    [
+        ('token = "x"\n', None, "`token` in "),
+        ("", "short-token", "REMOTE_REWARD_TOKEN (the environment) is 11 character(s) long"),
+        ('token = " padded-token-0123456789 "\n', None, "with surrounding spaces"),
+    ],
+)
+def test_a_short_token_exits_2_with_the_rule(tmp_path, capsys, monkeypatch, line, env, fragment):
+    """The token guards the API and signs the results: under 16 characters the service refuses to start,
+    naming where the token came from, the rule and how to make one."""
+    monkeypatch.delenv("REMOTE_REWARD_TOKEN", raising=False)
+    if env is not None:
+        monkeypatch.setenv("REMOTE_REWARD_TOKEN", env)
+    path = tmp_path / "rewards.toml"
+    path.write_text(line + '[[reward_args]]\nreward_type = "jpeg_compressibility"\n')
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--config", str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "at least 16 characters" in err and "secrets.token_urlsafe" in err
+
+
+def test_mask_url_hides_passwords():
+    assert mask_url("redis://:s3cret@10.0.0.5:6380/1") == "redis://:***@10.0.0.5:6380/1"
+    assert mask_url("rediss://user:s3cret@host/0") == "rediss://user:***@host/0"
+    assert (
+        mask_url("redis://host:6379/0?password=s3cret&db=2") == "redis://host:6379/0?password=%2A%2A%2A&db=2"
+    )
+    assert mask_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_results_are_signed_for_their_task_and_key():
+    key = result_key("a-token-of-enough-length")
+    stored = sign(key, "u1", "shapes", '{"status": "done", "result": {"scores": [0.5]}}').encode()
+    assert open_result(key, "u1", "shapes", stored)["result"]["scores"] == [0.5]
+    forged = b"0" * 64 + b'.{"status": "done", "result": {"scores": [999.0]}}'
+    for args in (
+        (key, "u2", "shapes", stored),  # another task's result
+        (key, "u1", "jpeg_compressibility", stored),  # another reward's
+        (result_key("another-token-of-length"), "u1", "shapes", stored),
+        (key, "u1", "shapes", forged),
+        (key, "u1", "shapes", b'{"status": "done", "result": {"scores": [999.0]}}'),
+    ):
+        assert not genuine(*args)
+        with pytest.raises(ForgedResult, match="fails its signature check"):
+            open_result(*args)
+
+
+def test_stale_redis_folders_are_those_whose_lock_nobody_holds(tmp_path):
+    """A running service holds its folder's flock (the kernel drops it however the service dies): only folders
+    whose lock is free are removed; a folder without a lock file is never touched."""
+    live, stale, foreign = (tmp_path / f"{DIR_PREFIX}{n}-x" for n in (1, 2, 3))
+    for folder in (live, stale, foreign):
+        folder.mkdir()
+        (folder / "appendonly.aof").write_text("data")
+    held = _lock(live / LOCK_NAME)
+    (stale / LOCK_NAME).touch()
+    try:
+        assert remove_stale_dirs(tmp_path) == [stale]
+        assert live.exists() and foreign.exists() and not stale.exists()
+    finally:
+        os.close(held)
+    assert remove_stale_dirs(tmp_path) == [live]
