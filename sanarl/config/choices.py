@@ -41,7 +41,7 @@ RolloutFamily = Literal["diffusionnft", "naive_scaling", "compile", "naive_quant
 """Sol-RL rollout families."""
 Selection = Literal["best_worst", "random", "mean_deviation", "extremes_random"]
 """How K of M drafts are kept."""
-PreviewPrecision = Literal["nvfp4", "fp8", "int8", "auto", "bf16"]
+PreviewPrecision = Literal["nvfp4", "fp8", "e2m1_delayed", "int8", "auto", "bf16"]
 """Precision of the preview / quantized rollout copy."""
 
 # --- rewards, optimisation, logging -----------------------------------------------------------------------------

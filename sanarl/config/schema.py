@@ -165,11 +165,14 @@ class RolloutConfig:
     preview_step: int = 6
     """Sampling steps of the sol_rl preview stage."""
     preview_precision: PreviewPrecision = "fp8"
-    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine) | fp8 (sm_89+ GPUs: transformer-engine,
-    else torch-native FP8) | int8 (CPU: dynamic int8 linear layers) | auto (the best of those the machine has) | bf16
-    (no quantization: the preview is cheaper by its step count only). Backends: sanarl/training/quantize.py."""
+    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine NVFP4BlockScaling) | fp8 (sm_89+
+    GPUs: transformer-engine, else torch-native FP8) | e2m1_delayed (Sol-RL's recipe, transformer-engine
+    DelayedScaling(fp8_format=E2M1, amax_history_len=16), which runs as FP8 E5M2 on sm_89+) | int8 (CPU: dynamic int8
+    linear layers) | auto (the best of those the machine has) | bf16 (no quantization: the preview is cheaper by its
+    step count only). Backends: sanarl/training/quantize.py."""
     nvfp4_min_dim: int = 2240
-    """Linear layers whose largest dimension is <= this stay unquantized."""
+    """Linear layers (1x1 convolutions included) whose largest side is <= this stay unquantized; `sanarl validate`
+    prints how many layers and what share of the weights the quantized copy replaces."""
     compile_mode: str = "max-autotune-no-cudagraphs"
     """torch.compile mode of the inference copy (compile / naive_quant / sol_rl families)."""
     reward_workers: int = 1

@@ -24,6 +24,7 @@ from sanarl.methods.nft.config import validate, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch, planned_steps, run_settings
+from sanarl.training.quantize import model_quant_plan
 from sanarl.training.rollout import PromptGroup
 
 
@@ -190,4 +191,17 @@ class NFTTask(GroupRLTask):
         ]  # fmt: skip
         if ro.family == "sol_rl":
             rows.append(("preview", f"{ro.preview_step} steps at {ro.preview_precision}"))
+        if ro.family in ("naive_quant", "sol_rl") and ro.preview_precision != "bf16":
+            rows.append(("quantized copy", _quantized_copy_row(cfg, ro)))
         return rows
+
+
+def _quantized_copy_row(cfg: Config, ro) -> str:
+    """What the quantized copy replaces, from the architecture on the meta device (no weights); refuses (UserError)
+    a copy that would quantize nothing."""
+    name = cfg.policy.model_name_or_path
+    what = f'`rollout.family = "{ro.family}"` with `rollout.preview_precision = "{ro.preview_precision}"`'
+    plan = model_quant_plan(name, cfg.policy.model_revision, ro.nvfp4_min_dim, what)
+    if plan is None:
+        return f"layers counted once the transformer config of {name} is here"
+    return plan.summary()
