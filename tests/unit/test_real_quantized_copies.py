@@ -157,3 +157,14 @@ def test_validate_refuses_a_quantized_copy_that_would_quantize_nothing(tmp_path)
     assert "would quantize no layer" in flat and "rollout.nvfp4_min_dim = 100000" in flat
     assert "Lower `rollout.nvfp4_min_dim`" in flat and 'preview_precision = "bf16"' in flat
     assert "valid" not in result.stdout
+
+
+def test_a_run_refuses_a_copy_that_would_quantize_nothing():
+    """The run's own check (at the copy's construction, before any rollout): exit 2 with the fix, as validate."""
+    from sanarl.errors import UserError
+    from sanarl.models.tiny import sana_transformer
+    from sanarl.training.quantize import quantize_linears
+
+    model = sana_transformer(channels=16, heads=2, head_dim=16, layers=1, caption=32, patch=1)
+    with pytest.raises(UserError, match=r"would quantize no layer.*nvfp4_min_dim = 4096.*largest side"):
+        quantize_linears(model, "int8", min_dim=4096)
