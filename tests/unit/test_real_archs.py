@@ -153,16 +153,34 @@ def test_sol_rl_presets_plan_sol_rls_per_gpu_arithmetic(preset, run_cli, monkeyp
         assert "6 steps at e2m1_delayed" in text
 
 
-@pytest.mark.parametrize(
-    ("preset", "expected"),
-    [
-        ("sana-image-nft", ["6 prompts x 24 images = 144 samples per rank", "144 / mini_batch 9 = 16 per rank, x 9 "
-                            "trained levels (int(10 x 0.99)) = 144 backward passes", "family diffusionnft"]),
-    ],
-)  # fmt: skip
-def test_cosmos_rl_sana_plan(preset, expected, run_cli, monkeypatch):
-    """Cosmos-RL's SANA NFT recipe: 1152 samples per replica over 8 ranks, mini-batch 9, timestep fraction 0.99."""
+COSMOS_RL = {
+    "sana-image-nft": "sana/sana-image-nft.toml",
+    "sana-video-nft": "sana/sana-video-nft.toml",
+    "sd35m-nft": "stable-diffusion-3-5/stable-diffusion-3-5-medium-nft.toml",
+}
+"""sanarl preset -> Cosmos-RL's own launch file of the recipe (tests/data/cosmos_rl)."""
+
+
+@pytest.mark.parametrize("preset", sorted(COSMOS_RL))
+def test_cosmos_rl_presets_plan_cosmos_rls_arithmetic(preset, run_cli, monkeypatch):
+    """The per-rank arithmetic of Cosmos-RL's launch file (its batch per replica over its dp_shard_size ranks,
+    n_generation, mini_batch, int(num_steps timestep_fraction) trained levels) is the sanarl preset's plan."""
+    from sanarl.config.engine import tomllib
+
     monkeypatch.setenv("COLUMNS", "200")
+    cosmos = tomllib.loads((ROOT / "tests" / "data" / "cosmos_rl" / COSMOS_RL[preset]).read_text())
+    bpr, k = cosmos["train"]["train_batch_per_replica"], cosmos["rollout"]["n_generation"]
+    ranks, mb = (
+        cosmos["policy"]["parallelism"]["dp_shard_size"],
+        cosmos["train"]["train_policy"]["mini_batch"],
+    )
+    steps = cosmos["policy"]["diffusers"]["sample"]["num_steps"]
+    fraction = cosmos["policy"]["diffusers"]["timestep_fraction"]
+    per_rank = bpr // ranks
     text = _plan_text(run_cli, preset)
-    for fragment in expected:
-        assert fragment in text
+    assert f"{bpr} / {k} (n_generation) / {ranks} rank(s) = {per_rank // k} prompts x {k} images" in text
+    assert (
+        f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {int(steps * fraction)} trained levels"
+        in text
+    )
+    assert f"{k} drafts -> {k} kept per prompt, {steps} steps" in text
