@@ -417,7 +417,7 @@ class _ChannelsFirst(nn.Module):
         return self.inner.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x.movedim(1, -1)).movedim(-1, 1)
+        return self.inner(x.movedim(1, -1).contiguous()).movedim(-1, 1)  # TE views its input as 2-D
 
 
 def _te_linears(module: nn.Module, names: list[str], precision: str) -> list[str]:
