@@ -244,6 +244,7 @@ def _fake_transformer_engine(monkeypatch) -> list:
     """transformer-engine's recipe module as its source defines the parts used here (a Format enum with E2M1, E4M3,
     HYBRID; recipe classes taking keyword arguments), recording every construction."""
     import enum
+    import importlib.machinery
     import types
 
     built: list = []
@@ -266,6 +267,7 @@ def _fake_transformer_engine(monkeypatch) -> list:
     package.common = common
     for name, module in (("transformer_engine", package), ("transformer_engine.common", common),
                          ("transformer_engine.common.recipe", recipe)):  # fmt: skip
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         monkeypatch.setitem(sys.modules, name, module)
     return built, Format
 
@@ -294,3 +296,54 @@ def test_sol_rls_recipe_needs_transformer_engine(monkeypatch):
     monkeypatch.setattr(quantize, "_has_te", lambda: False)
     with pytest.raises(UserError, match=r"sanarl\[te\]"):
         quantize.check_quantization("e2m1_delayed", "sol_rl")
+
+
+def test_the_transformer_engine_path_wires_linears_convolutions_and_the_recipe(monkeypatch):
+    """The transformer-engine backend on CPU with a stand-in for `te.Linear` (an exact nn.Linear taking TE's
+    constructor arguments) and `te.fp8_autocast` (recording its recipe): every eligible layer of a tiny SANA, the
+    feed-forward's 1x1 convolutions included, becomes a TE layer holding the same weights, the forward runs under
+    Sol-RL's recipe, and the copy computes what the float model computes."""
+    import contextlib
+    import copy
+    import importlib.machinery
+    import types
+
+    from sanarl.models.tiny import sana_transformer
+
+    torch.manual_seed(0)
+    model = sana_transformer(channels=16, heads=2, head_dim=16, layers=1, caption=32, patch=1).eval()
+    built, Format = _fake_transformer_engine(monkeypatch)
+    autocasts = []
+
+    class Linear(nn.Linear):
+        def __init__(self, n_in, n_out, bias=True, params_dtype=None, device=None):
+            super().__init__(n_in, n_out, bias=bias, device=device)
+
+    @contextlib.contextmanager
+    def fp8_autocast(enabled, fp8_recipe):
+        autocasts.append((enabled, fp8_recipe))
+        yield
+
+    te = types.ModuleType("transformer_engine.pytorch")
+    te.Linear, te.fp8_autocast = Linear, fp8_autocast
+    te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine.pytorch", None)
+    sys.modules["transformer_engine"].pytorch = te
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
+    monkeypatch.setattr(quantize, "_capability", lambda: (9, 0))
+    monkeypatch.setattr(quantize, "_has_te", lambda: True)
+
+    copy_ = copy.deepcopy(model)
+    names = quantize.quantize_linears(copy_, "e2m1_delayed", min_dim=0)
+    assert names == quantize.eligible_linears(model, 0)
+    conv = copy_.get_submodule("transformer_blocks.0.ff.conv_inverted")
+    original = model.get_submodule("transformer_blocks.0.ff.conv_inverted").weight
+    assert isinstance(conv.inner, Linear) and torch.equal(conv.weight, original[:, :, 0, 0])
+    assert isinstance(copy_.get_submodule("transformer_blocks.0.attn2.to_k"), Linear)
+    x, text = torch.randn(2, 16, 8, 8), torch.randn(2, 5, 32)
+    kwargs = {"encoder_hidden_states": text, "timestep": torch.tensor([300.0, 800.0]), "return_dict": False}
+    with torch.no_grad():
+        torch.testing.assert_close(copy_(x, **kwargs)[0], model(x, **kwargs)[0], atol=1e-5, rtol=1e-5)
+    assert len(autocasts) == 1 and autocasts[0][0] is True
+    assert built == [
+        ("DelayedScaling", {"fp8_format": Format.E2M1, "amax_history_len": 16, "amax_compute_algo": "max"})
+    ]
