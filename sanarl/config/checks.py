@@ -84,6 +84,14 @@ def check_diffusers(cfg: Config) -> None:
     in_unit(d.caption_dropout, "policy.diffusers.caption_dropout", low_open=False, high_open=False)
     at_least(d.logit_std, "policy.diffusers.logit_std", 0, strict=True)
     at_least(d.max_prompt_length, "policy.diffusers.max_prompt_length", 1)
+    if d.weight_copy_decay_type == 3:
+        require(
+            d.custom_decay_step > 0 and d.custom_decay_value > 0,
+            "`policy.diffusers.weight_copy_decay_type` = 3 ramps the old-adapter decay to custom_decay_value over "
+            f"custom_decay_step optimizer steps; set both > 0 (got custom_decay_step = {d.custom_decay_step}, "
+            f"custom_decay_value = {d.custom_decay_value}), e.g. --set policy.diffusers.custom_decay_step=100 "
+            "--set policy.diffusers.custom_decay_value=0.5.",
+        )
     if d.is_video:
         at_least(d.train_frames, "policy.diffusers.train_frames", 1)
         at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)

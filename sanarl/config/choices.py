@@ -27,8 +27,8 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 """Weight / autocast dtypes."""
 VaeLatents = Literal["sample", "mode"]
 """Training latents of a VAE with a posterior: a seeded draw, or its mean."""
-WeightCopyDecay = Literal[0, 1, 2]
-"""DiffusionNFT's old-adapter decay schedules: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
+WeightCopyDecay = Literal[0, 1, 2, 3]
+"""DiffusionNFT's old-adapter decay schedules: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed; 3 Sol-RL's custom ramp."""
 SoarRolloutType = Literal["simple", "sde", "flow_sde", "cps"]
 """SOAR's step of its stochastic paths."""
 LevelGrid = Literal["scheduler_table", "continuous"]
@@ -41,9 +41,9 @@ RolloutBackend = Literal["diffusers"]
 """Generation engine: sanarl's own sampling loop on the diffusers model."""
 RolloutFamily = Literal["diffusionnft", "naive_scaling", "compile", "naive_quant", "sol_rl"]
 """Sol-RL rollout families."""
-Selection = Literal["best_worst", "random", "mean_deviation", "extremes_random"]
+Selection = Literal["best_worst", "random", "mean_deviation", "extremes_random", "best_worst_random"]
 """How K of M drafts are kept."""
-PreviewPrecision = Literal["nvfp4", "fp8", "int8", "auto", "bf16"]
+PreviewPrecision = Literal["nvfp4", "fp8", "e2m1_delayed", "int8", "auto", "bf16"]
 """Precision of the preview / quantized rollout copy."""
 
 # --- rewards, optimisation, logging -----------------------------------------------------------------------------

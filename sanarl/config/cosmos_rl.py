@@ -349,8 +349,12 @@ COSMOS_DEFAULTS: dict[str, Any] = {
     "train.train_policy.remote_reward.reward_fns.clip_min": -5.0,
     "train.train_policy.remote_reward.reward_fns.clip_max": 5.0,
     "validation.freq": 20,
+    # not a Cosmos-RL key: its SANA text_embedding encodes prompts without the complex human instruction
+    "policy.diffusers.complex_human_instruction": False,
 }
 """Cosmos-RL's defaults (`SOURCE`) where they differ from sanarl's and change what a run does."""
+
+_SANA_ONLY = ("policy.diffusers.complex_human_instruction",)
 
 _RL_ONLY = (
     "rollout.",
@@ -376,6 +380,8 @@ def default_differences(cfg: Any, given: set[str]) -> list[str]:
         if (path.startswith(_RL_ONLY) and not rl) or (
             path.startswith("policy.lora.") and cfg.policy.lora is None
         ):
+            continue
+        if path in _SANA_ONLY and "sana" not in cfg.policy.model_name_or_path.lower():
             continue
         if ".reward_fns." in path:
             attr = path.rpartition(".")[2]

@@ -74,6 +74,9 @@ class SampleConfig:
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
+    grid_shift: bool = True
+    """Sample on the model's shifted sigma grid; false = the unshifted uniform grid linspace(1, 0, N + 1) for
+    rollouts, evaluation and the NFT trained levels alike (Sol-RL's SANA sampler; `flow_shift` is then unused)."""
     # --- evaluation sampler (exactness, issue 16) ---
     eval_solver: OdeSolver | None = None
     """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
@@ -109,7 +112,14 @@ class DiffusersConfig:
     nft_beta: float = 1.0
     """DiffusionNFT beta (mixing of the trained and old velocities)."""
     weight_copy_decay_type: WeightCopyDecay = 1
-    """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed."""
+    """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed (0 before step 75, then
+    min(0.0075 (step - 75), 0.999)), 3 Sol-RL's custom ramp min(step custom_decay_value / custom_decay_step,
+    custom_decay_value)."""
+    custom_decay_step: int = 0
+    """Decay type 3: optimizer steps over which the decay ramps from 0 up to `custom_decay_value` (> 0; Sol-RL's
+    `custom_decay_step`)."""
+    custom_decay_value: float = 0.0
+    """Decay type 3: the decay it ramps up to and then holds (> 0; Sol-RL's `custom_decay_value`)."""
     dtype: Dtype = "float32"
     """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
     # --- frozen LoRA base (flux, issue 22) ---
@@ -162,15 +172,19 @@ class RolloutConfig:
     num_candidates: int = 0
     """M: drafts per prompt for the multi-candidate families (0 = n_generation, i.e. no search)."""
     selection: Selection = "best_worst"
-    """How K of M drafts are kept: best_worst | random | mean_deviation | extremes_random."""
+    """How K of M drafts are kept: best_worst | random | mean_deviation | extremes_random (Sol-RL's: argmax and argmin,
+    the rest at random) | best_worst_random (best_worst of K // 2, the rest at random). docs/algorithms.md."""
     preview_step: int = 6
     """Sampling steps of the sol_rl preview stage."""
     preview_precision: PreviewPrecision = "fp8"
-    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine) | fp8 (sm_89+ GPUs: transformer-engine,
-    else torch-native FP8) | int8 (CPU: dynamic int8 linear layers) | auto (the best of those the machine has) | bf16
-    (no quantization: the preview is cheaper by its step count only). Backends: sanarl/training/quantize.py."""
+    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine NVFP4BlockScaling) | fp8 (sm_89+
+    GPUs: transformer-engine, else torch-native FP8) | e2m1_delayed (Sol-RL's recipe, transformer-engine
+    DelayedScaling(fp8_format=E2M1, amax_history_len=16), which runs as FP8 E5M2 on sm_89+) | int8 (CPU: dynamic int8
+    linear layers) | auto (the best of those the machine has) | bf16 (no quantization: the preview is cheaper by its
+    step count only). Backends: sanarl/training/quantize.py."""
     nvfp4_min_dim: int = 2240
-    """Linear layers whose largest dimension is <= this stay unquantized."""
+    """Linear layers (1x1 convolutions included) whose largest side is <= this stay unquantized; `sanarl validate`
+    prints how many layers and what share of the weights the quantized copy replaces."""
     compile_mode: str = "max-autotune-no-cudagraphs"
     """torch.compile mode of the inference copy (compile / naive_quant / sol_rl families)."""
     reward_workers: int = 1

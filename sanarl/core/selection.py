@@ -9,8 +9,12 @@ Modes:
   in the top (the public code can pick one index twice on ties; here never).
 - random: k drafts uniformly without replacement.
 - mean_deviation: the k drafts with the largest `|r - mean(r)|`.
-- extremes_random: `h = k // 2` drafts by best_worst(h) (the extremes), then the other `k - h` uniformly without
-  replacement from the drafts not yet chosen (the middle). With k = 1 this is one random draft.
+- extremes_random (Sol-RL's): the extremes `{argmax r, argmin r}` (the first index of the largest and of the
+  smallest reward; one draft when they coincide), in increasing index order, cut to k when k is smaller (k = 1
+  keeps the lower index of the two, a fixed extreme); the other `k - 2` uniformly without replacement from the
+  rest.
+- best_worst_random: `h = k // 2` drafts by best_worst(h), then the other `k - h` uniformly without replacement
+  from the drafts not yet chosen (with k = 1 one random draft). It equals extremes_random when k // 2 = 2.
 
 Unscorable drafts (NaN reward): `select_scorable` chooses among the scorable drafts only, and keeps NaN drafts only
 when fewer than k drafts are scorable (then every scorable one is kept, plus the first NaN ones).
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
+SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random", "best_worst_random")
 
 
 def _best_worst(r: torch.Tensor, k: int) -> torch.Tensor:
@@ -40,6 +44,19 @@ def _random_from(candidates: torch.Tensor, k: int, generator: torch.Generator | 
 
 
 def _extremes_random(r: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Sol-RL's extremes_random: sorted unique {first argmax, first argmin}[:k], then random from the rest."""
+    best = int(torch.argsort(-r, stable=True)[0])
+    worst = int(torch.argsort(r, stable=True)[0])
+    extremes = torch.tensor(sorted({best, worst}), dtype=torch.long)
+    if k <= extremes.shape[0]:
+        return extremes[:k]
+    taken = torch.zeros(r.shape[0], dtype=torch.bool)
+    taken[extremes] = True
+    rest = torch.nonzero(~taken).flatten()
+    return torch.cat([extremes, _random_from(rest, k - extremes.shape[0], generator)])
+
+
+def _best_worst_random(r: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
     extremes = _best_worst(r, k // 2)
     taken = torch.zeros(r.shape[0], dtype=torch.bool)
     taken[extremes] = True
@@ -75,8 +92,10 @@ def select_indices(
         idx = _random_from(torch.arange(m), k, generator)
     elif mode == "mean_deviation":
         idx = torch.argsort(-(r - r.mean()).abs(), stable=True)[:k]
-    else:
+    elif mode == "extremes_random":
         idx = _extremes_random(r, k, generator)
+    else:
+        idx = _best_worst_random(r, k, generator)
     return torch.sort(idx).values
 
 

@@ -1,11 +1,16 @@
 """SANA / SANA 1.5 image adapter (diffusers `SanaPipeline`: SanaTransformer2DModel, DC-AE, Gemma-2).
 
+Prompts: `SanaPipeline.encode_prompt` with `complex_human_instruction` = the pipeline's own default instruction (the
+lines `SanaPipeline.__call__` prepends) when `policy.diffusers.complex_human_instruction` is on, else none.
+
 Latents: `z = vae.encode(2x - 1).latent * scaling_factor` (DC-AE, or sanarl's pixel-space PixelAutoencoder for the
 tiny CPU model). The transformer is called with the float timestep `1000 * s * timestep_scale` and the text mask as
 `encoder_attention_mask`, exactly as `SanaPipeline.__call__` does.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from diffusers import SanaPipeline
@@ -28,6 +33,12 @@ SANA_LORA_TARGETS = (
 """Self- and cross-attention projections of SANA (and SANA-Video) blocks, diffusers names (Cosmos-RL's targets)."""
 
 
+def pipeline_instruction(pipeline_cls: type = SanaPipeline) -> list[str] | None:
+    """The complex human instruction `pipeline_cls.__call__` prepends by default (its signature default): diffusers
+    joins the lines with newlines, prepends them to every prompt and lengthens the token budget by their tokens."""
+    return inspect.signature(pipeline_cls.__call__).parameters["complex_human_instruction"].default
+
+
 class SanaAdapter(DiffusionAdapter):
     """Adapter over a loaded SanaPipeline; the transformer is the trained module."""
 
@@ -39,19 +50,19 @@ class SanaAdapter(DiffusionAdapter):
         super().__init__()
         self._bind(pipeline, policy, device)
         self.text_encoder = pipeline.text_encoder
-        self.use_chi = policy.diffusers.complex_human_instruction
+        self.instruction = pipeline_instruction() if policy.diffusers.complex_human_instruction else None
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
-        """Gemma-2 hidden states [B, L, D] and mask [B, L], as SanaPipeline.encode_prompt computes them."""
-        kwargs = {} if self.use_chi else {"complex_human_instruction": None}
+        """Gemma-2 hidden states [B, L, D] and mask [B, L], as SanaPipeline.encode_prompt computes them (with the
+        pipeline's complex human instruction when `complex_human_instruction` is on)."""
         with self.resident(self.text_encoder):
             embeds, mask, _, _ = self.pipeline.encode_prompt(
                 list(prompts),
                 do_classifier_free_guidance=False,
                 device=self.device,
                 max_sequence_length=self.max_prompt_length,
-                **kwargs,
+                complex_human_instruction=self.instruction,
             )
         return Cond(embeds=embeds, mask=mask)
 

@@ -16,8 +16,6 @@ clip's own frame count (`latent_shape(h, w, frames=T)`), so tasks never need to 
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from diffusers import SanaVideoPipeline
 from torch import nn
@@ -26,14 +24,9 @@ from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
 from sanarl.models import tiny_video  # noqa: F401  (diffusers loads the pixel-space VAE by this module name)
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.models.sana import SANA_LORA_TARGETS
+from sanarl.models.sana import SANA_LORA_TARGETS, pipeline_instruction
 
 FRAMES_KEY = "policy.diffusers.inference_frames"
-
-
-def pipeline_instruction() -> list[str] | None:
-    """The complex human instruction `SanaVideoPipeline.__call__` prepends by default (its signature default)."""
-    return inspect.signature(SanaVideoPipeline.__call__).parameters["complex_human_instruction"].default
 
 
 def vae_factors(vae: nn.Module) -> tuple[int, int]:
@@ -70,7 +63,7 @@ class SanaVideoAdapter(DiffusionAdapter):
         self._bind(pipeline, policy, device)
         self.text_encoder = pipeline.text_encoder
         diff = policy.diffusers
-        self.instruction = pipeline_instruction() if diff.complex_human_instruction else None
+        self.instruction = pipeline_instruction(SanaVideoPipeline) if diff.complex_human_instruction else None
         self.frames = diff.inference_frames
         self.temporal_factor, self.spatial_factor = vae_factors(self.vae)
         channels = self.transformer.config.in_channels

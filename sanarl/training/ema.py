@@ -150,12 +150,13 @@ def decay_old_weights(old: Sequence[Tensor], new: Sequence[Tensor], decay: float
         o.mul_(decay).add_(n.detach().to(device=o.device, dtype=o.dtype), alpha=1.0 - decay)
 
 
-def old_weight_decay(step: int, decay_type: int) -> float:
+def old_weight_decay(step: int, decay_type: int, custom_step: int = 0, custom_value: float = 0.0) -> float:
     """The decay ``d`` of the old-policy update after ``step`` (DiffusionNFT ``weight_copy_decay_type``).
 
     - 0: ``0`` (copy: strictly on-policy);
     - 1: ``min(0.001 step, 0.5)`` (default);
-    - 2: ``0`` while ``step < 75``, then ``min(0.0075 (step - 75), 0.999)``.
+    - 2: ``0`` while ``step < 75``, then ``min(0.0075 (step - 75), 0.999)``;
+    - 3: ``min(step custom_value / custom_step, custom_value)`` (Sol-RL's custom ramp; both must be > 0).
     """
     if decay_type == 0:
         return 0.0
@@ -163,7 +164,14 @@ def old_weight_decay(step: int, decay_type: int) -> float:
         return min(0.001 * step, 0.5)
     if decay_type == 2:
         return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
+    if decay_type == 3:
+        if custom_step <= 0 or custom_value <= 0:
+            raise ValueError(
+                f"weight_copy_decay_type 3 needs policy.diffusers.custom_decay_step > 0 and custom_decay_value > 0 "
+                f"(got {custom_step}, {custom_value})."
+            )
+        return min(step * (custom_value / custom_step), custom_value)
     raise ValueError(
         f"unknown weight_copy_decay_type {decay_type}: set policy.diffusers.weight_copy_decay_type to 0 "
-        "(on-policy), 1 (min(0.001 step, 0.5)) or 2 (delayed: 0 before step 75)."
+        "(on-policy), 1 (min(0.001 step, 0.5)), 2 (delayed: 0 before step 75) or 3 (custom ramp)."
     )

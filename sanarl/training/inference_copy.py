@@ -71,10 +71,10 @@ class InferenceCopy:
         """Copy theta_old = base + old adapter from the live model into the copy's merged weights."""
         layers = _lora_layers(live)
         for name in self.names:
-            target = self.module.get_submodule(
-                name
-            )  # nn.Linear, or transformer-engine Linear (high-precision master)
-            target.weight.copy_(merged_weight(layers[name], self.adapter).to(target.weight.dtype))
+            # nn.Linear / nn.Conv2d, or a quantized layer's high-precision master (`[out, in]` for a 1x1 conv)
+            target = self.module.get_submodule(name)
+            merged = merged_weight(layers[name], self.adapter)
+            target.weight.copy_(merged.reshape(target.weight.shape).to(target.weight.dtype))
             base_bias = layers[name].get_base_layer().bias
             if base_bias is not None:
                 target.bias.copy_(base_bias.to(target.bias.dtype))

@@ -9,20 +9,26 @@
 |           | activations, per-tensor scales) on an sm_89+ GPU (Ada / Hopper)                              |
 | int8      | dynamic int8 on CPU: per-output-channel int8 weights, uint8 activations (per tensor, per call) |
 |           | through the quantized engine's `linear_dynamic` kernel, or the same arithmetic emulated      |
+| e2m1_delayed | transformer-engine only, on sm_89+: Sol-RL's recipe `DelayedScaling(fp8_format=E2M1,        |
+|           | amax_history_len=16)`, which transformer-engine runs as FP8 E5M2 (`TE_RECIPES`)              |
 | auto      | the best of those this machine has: nvfp4, then fp8, then int8 on a CPU-only machine          |
 | bf16      | no quantization                                                                              |
 
 `check_quantization` runs at start, so a run that cannot quantize stops before any work with the fix. Every backend
-replaces the same layers: nn.Linear layers outside the architecture's skip list (Sol-RL's per model, `skip_parts`)
-whose largest dimension is > `min_dim` (`rollout.nvfp4_min_dim`) and whose sides are multiples of 16. The quantized
-layers keep a high-precision master `weight`, which `InferenceCopy.refresh` overwrites; the low-precision form is
-rebuilt from it on the next forward after each refresh.
+replaces the same layers (`eligible_linears`): the linear layers, 1x1 convolutions included (a 1x1 Conv2d is a
+linear map over channels: SANA's GLU feed-forward), outside the architecture's skip list (Sol-RL's per model,
+`skip_parts`) whose largest side is > `min_dim` (`rollout.nvfp4_min_dim`) and whose sides are multiples of 16.
+The side is measured on Sol-RL's native layer where diffusers splits one: SANA's cross-attention `kv_linear`
+(2240 -> 4480) is diffusers' `attn2.to_k` + `attn2.to_v`, each measured at the fused width. The quantized layers
+keep a high-precision master `weight` (shape `[out, in]`), which `InferenceCopy.refresh` overwrites; the
+low-precision form is rebuilt from it on the next forward after each refresh.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,9 +43,13 @@ SKIP_BY_ARCHITECTURE = {
 }  # fmt: skip
 """Sol-RL's `nvfp4_skip_modules` per transformer class (configs/sol_rl/flux1.py, sd3.py); others: SANA's list
 (Sol-RL's sana.py names plus their diffusers equivalents)."""
-PRECISIONS = ("nvfp4", "fp8", "int8", "auto", "bf16")
-MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
-GPUS = {"fp8": "Hopper or Ada (sm_89+), e.g. H100 / L40S", "nvfp4": "Blackwell (sm_100+), e.g. B200"}
+PRECISIONS = ("nvfp4", "fp8", "e2m1_delayed", "int8", "auto", "bf16")
+MIN_CAPABILITY = {"fp8": (8, 9), "e2m1_delayed": (8, 9), "nvfp4": (10, 0)}
+GPUS = {
+    "fp8": "Hopper or Ada (sm_89+), e.g. H100 / L40S",
+    "e2m1_delayed": "Hopper or Ada (sm_89+), e.g. H100 / L40S",
+    "nvfp4": "Blackwell (sm_100+), e.g. B200",
+}
 FP8_MAX = 448.0
 """Largest finite float8_e4m3fn."""
 
@@ -79,6 +89,8 @@ def backend_for(precision: str) -> tuple[str, str] | None:
     fix = f'`rollout.preview_precision = "{precision}"` needs an NVIDIA {GPUS[precision]} GPU'
     if precision == "fp8":
         fix += " (through transformer-engine, or torch-native FP8 without it)"
+    elif precision == "e2m1_delayed":
+        fix += " with transformer-engine (Sol-RL's DelayedScaling recipe, FP8 E5M2 in effect)"
     else:
         fix += " with transformer-engine"
     if cap is None or cap < MIN_CAPABILITY[precision]:
@@ -107,27 +119,122 @@ def check_quantization(precision: str, family: str) -> None:
         raise UserError(f'`rollout.family = "{family}"`: {err}') from None
 
 
+FUSED_WIDTH = {"attn2.to_k": 2, "attn2.to_v": 2}
+"""SANA (any architecture not in SKIP_BY_ARCHITECTURE): diffusers layers that are one slice of a fused layer of
+Sol-RL's native model, and how many slices it has (cross-attention `kv_linear` = `attn2.to_k` + `attn2.to_v`)."""
+
+
+def is_channel_linear(layer: nn.Module) -> bool:
+    """An nn.Linear, or a 1x1 nn.Conv2d that is a linear map over channels (stride 1, no padding, one group)."""
+    if isinstance(layer, nn.Linear):
+        return True
+    return (
+        type(layer) is nn.Conv2d
+        and layer.kernel_size == (1, 1)
+        and layer.stride == (1, 1)
+        and layer.padding in ((0, 0), "valid")
+        and layer.dilation == (1, 1)
+        and layer.groups == 1
+    )
+
+
+def _sides(layer: nn.Module) -> tuple[int, int]:
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    return layer.in_channels, layer.out_channels
+
+
+def _measured_width(module: nn.Module, name: str, out_features: int) -> int:
+    if type(module).__name__ in SKIP_BY_ARCHITECTURE:
+        return out_features
+    return out_features * next((n for suffix, n in FUSED_WIDTH.items() if name.endswith(suffix)), 1)
+
+
 def eligible_linears(module: nn.Module, min_dim: int) -> list[str]:
-    """Names of the nn.Linear layers every backend quantizes: outside the skip list, largest side > min_dim, both
-    sides multiples of 16."""
+    """Names of the layers every backend quantizes: linear layers and 1x1 convolutions (`is_channel_linear`)
+    outside the skip list, largest side (fused width for split layers, `FUSED_WIDTH`) > min_dim, both sides
+    multiples of 16."""
     skip = skip_parts(module)
     names = []
     for name, layer in module.named_modules():
-        if not isinstance(layer, nn.Linear) or any(part in name for part in skip):
+        if not is_channel_linear(layer) or any(part in name for part in skip):
             continue
-        if (
-            max(layer.in_features, layer.out_features) <= min_dim
-            or layer.in_features % 16
-            or layer.out_features % 16
-        ):
+        n_in, n_out = _sides(layer)
+        if max(n_in, _measured_width(module, name, n_out)) <= min_dim or n_in % 16 or n_out % 16:
             continue
         names.append(name)
     return names
 
 
+@dataclass(frozen=True)
+class QuantPlan:
+    """What a quantized copy of a transformer replaces: the layer names, out of how many linear layers (1x1
+    convolutions included), and the weights they hold out of all parameters."""
+
+    names: list[str]
+    candidates: int
+    quantized_params: int
+    total_params: int
+
+    @property
+    def share(self) -> float:
+        return self.quantized_params / max(self.total_params, 1)
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.names)} of {self.candidates} linear layers (1x1 convolutions included), "
+            f"{100 * self.share:.1f}% of the weights ({self.quantized_params / 1e6:.0f}M of "
+            f"{self.total_params / 1e6:.0f}M parameters)"
+        )
+
+
+def quantization_plan(module: nn.Module, min_dim: int) -> QuantPlan:
+    """The layers `quantize_linears` would replace in `module` (works on the meta device: no memory, no weights)."""
+    names = eligible_linears(module, min_dim)
+    candidates = sum(1 for _, layer in module.named_modules() if is_channel_linear(layer))
+    quantized = sum(module.get_submodule(n).weight.numel() for n in names)
+    total = sum(p.numel() for p in module.parameters())
+    return QuantPlan(names, candidates, quantized, total)
+
+
+def nothing_to_quantize(module: nn.Module, min_dim: int, what: str) -> UserError:
+    """The refusal of a quantized copy that would replace no layer, with the largest side that would qualify."""
+    skip = skip_parts(module)
+    sides = [
+        max(_sides(layer)[0], _measured_width(module, name, _sides(layer)[1]))
+        for name, layer in module.named_modules()
+        if is_channel_linear(layer) and not any(part in name for part in skip)
+    ]
+    hint = (
+        f"the largest side outside the skip list is {max(sides)}"
+        if sides
+        else "every layer is on the skip list"
+    )
+    return UserError(
+        f"{what}: its quantized copy of the {type(module).__name__} would quantize no layer: no linear layer (1x1 "
+        f"convolutions included) outside the skip list has a side > `rollout.nvfp4_min_dim = {min_dim}` ({hint}). "
+        'Lower `rollout.nvfp4_min_dim`, or set `rollout.preview_precision = "bf16"` to run the copy unquantized.'
+    )
+
+
+def model_quant_plan(name: str, revision: str | None, min_dim: int, what: str) -> QuantPlan | None:
+    """`quantization_plan` of model `name` built on the meta device from its config (no weights are read); None
+    when its config is not here. Raises `nothing_to_quantize` when the copy would replace no layer."""
+    from sanarl.models.architecture import meta_transformer, transformer_config
+
+    config = transformer_config(name, revision)
+    if config is None:
+        return None
+    module = meta_transformer(config)
+    plan = quantization_plan(module, min_dim)
+    if not plan.names:
+        raise nothing_to_quantize(module, min_dim, what)
+    return plan
+
+
 def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list[str]:
-    """Replace the eligible nn.Linear layers of `module` by the machine's low-precision layers for `precision`.
-    Returns the replaced names."""
+    """Replace the eligible layers of `module` (`eligible_linears`) by the machine's low-precision layers for
+    `precision`. Returns the replaced names."""
     chosen = backend_for(precision)
     if chosen is None:
         return []
@@ -139,6 +246,8 @@ def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list
             f'on {device.type}: use "fp8" (sm_89+ GPUs), "auto" or "bf16".'
         )
     names = eligible_linears(module, min_dim)
+    if not names:
+        raise nothing_to_quantize(module, min_dim, f'`rollout.preview_precision = "{precision}"`')
     if backend == "te":
         return _te_linears(module, names, precision)
     layer_cls = Int8DynamicLinear if backend == "int8" else Fp8Linear
@@ -151,13 +260,17 @@ def quantize_linears(module: nn.Module, precision: str, *, min_dim: int) -> list
 
 
 class _RepackingLinear(nn.Module):
-    """A linear layer with a high-precision master `weight` / `bias` and a low-precision form rebuilt from the
-    master whenever it changed (tracked through the tensor's in-place version counter)."""
+    """A linear layer with a high-precision master `weight` `[out, in]` / `bias` and a low-precision form rebuilt
+    from the master whenever it changed (tracked through the tensor's in-place version counter). Built from an
+    nn.Linear, or from a 1x1 nn.Conv2d: then it maps channels-first inputs `[B, C, ...]` over dim 1, as the
+    convolution does."""
 
-    def __init__(self, layer: nn.Linear) -> None:
+    def __init__(self, layer: nn.Module) -> None:
         super().__init__()
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+        self.in_features, self.out_features = _sides(layer)
+        self.channels_first = not isinstance(layer, nn.Linear)
+        weight = layer.weight.detach().reshape(self.out_features, self.in_features)
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
         self.bias = (
             None if layer.bias is None else nn.Parameter(layer.bias.detach().clone(), requires_grad=False)
         )
@@ -174,9 +287,15 @@ class _RepackingLinear(nn.Module):
             self._packed_version = self._version()
         return self._packed
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_first:
+            return self._linear(x.movedim(1, -1)).movedim(-1, 1)
+        return self._linear(x)
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+            + (", channels_first=True" if self.channels_first else "")
         )
 
 
@@ -206,7 +325,7 @@ class Int8DynamicLinear(_RepackingLinear):
         q = torch.round(w / scale[:, None]).clamp(-127, 127)
         return ("emulated", (q, scale))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         kind, packed = self.packed()
         flat = x.reshape(-1, self.in_features).float().contiguous()
         if kind == "kernel":
@@ -247,7 +366,7 @@ class Fp8Linear(_RepackingLinear):
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
         return q, scale.reshape(()), bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         q_w, w_scale, bias = self.packed()
         flat = x.reshape(-1, self.in_features).float()
         x_scale = (flat.abs().max() / FP8_MAX).clamp_min(1e-12)
@@ -258,23 +377,68 @@ class Fp8Linear(_RepackingLinear):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+TE_RECIPES: dict[str, tuple[str, dict[str, object]]] = {
+    "nvfp4": ("NVFP4BlockScaling", {}),
+    "fp8": ("DelayedScaling", {}),
+    "e2m1_delayed": (
+        "DelayedScaling",
+        {"fp8_format": "E2M1", "amax_history_len": 16, "amax_compute_algo": "max"},
+    ),
+}
+"""transformer-engine recipe per precision: (class in `transformer_engine.common.recipe`, keyword arguments; a
+`fp8_format` names a `Format` member). `e2m1_delayed` is Sol-RL's `NVFP4_RECIPE` as written: DelayedScaling accepts
+`Format.E2M1`, and its quantizers then take E5M2 (`get_fp8_te_dtype` returns E4M3 only for E4M3 / HYBRID forward),
+so it computes FP8 E5M2 with per-tensor delayed scaling, amax = max over the last 16 steps (docs/nft.md)."""
+
+
+def te_recipe(precision: str):
+    """The transformer-engine recipe object for `precision` (`TE_RECIPES`); needs transformer-engine."""
+    from transformer_engine.common import recipe as recipes
+
+    cls_name, kwargs = TE_RECIPES[precision]
+    if "fp8_format" in kwargs:
+        kwargs = {**kwargs, "fp8_format": recipes.Format[kwargs["fp8_format"]]}
+    return getattr(recipes, cls_name)(**kwargs)
+
+
+class _ChannelsFirst(nn.Module):
+    """A transformer-engine Linear applied over dim 1 of `[B, C, ...]` inputs: the stand-in for a 1x1 Conv2d."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.inner.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.movedim(1, -1).contiguous()).movedim(-1, 1)  # TE views its input as 2-D
+
+
 def _te_linears(module: nn.Module, names: list[str], precision: str) -> list[str]:
-    """transformer-engine Linear layers (bf16 master weights) and the module's forward under TE's autocast."""
+    """transformer-engine Linear layers (bf16 master weights) and the module's forward under TE's autocast with
+    the precision's recipe (`TE_RECIPES`)."""
     import transformer_engine.pytorch as te
-    from transformer_engine.common import recipe as te_recipe
 
     for name in names:
         layer = module.get_submodule(name)
-        new = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                        params_dtype=torch.bfloat16, device=layer.weight.device)  # fmt: skip
+        n_in, n_out = _sides(layer)
+        new = te.Linear(n_in, n_out, bias=layer.bias is not None, params_dtype=torch.bfloat16,
+                        device=layer.weight.device)  # fmt: skip
         with torch.no_grad():
-            new.weight.copy_(layer.weight)
+            new.weight.copy_(layer.weight.reshape(n_out, n_in))
             if layer.bias is not None:
                 new.bias.copy_(layer.bias)
         parent_name, _, child = name.rpartition(".")
-        setattr(module.get_submodule(parent_name) if parent_name else module, child, new)
+        wrapped = new if isinstance(layer, nn.Linear) else _ChannelsFirst(new)
+        setattr(module.get_submodule(parent_name) if parent_name else module, child, wrapped)
     forward = module.forward
-    recipe = te_recipe.NVFP4BlockScaling() if precision == "nvfp4" else te_recipe.DelayedScaling()
+    recipe = te_recipe(precision)
 
     @functools.wraps(forward)
     def low_precision_forward(*args, **kwargs):

@@ -16,7 +16,8 @@ from sanarl.models.base import Cond, DiffusionAdapter
 
 @dataclass
 class GenerationSpec:
-    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W]."""
+    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W], whether the grid is
+    shifted."""
 
     num_steps: int
     guidance_scale: float
@@ -25,6 +26,14 @@ class GenerationSpec:
     shift: float
     height: int
     width: int
+    grid_shift: bool = True
+
+    def sigmas(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The sampling grid `[num_steps + 1]`, 1 down to 0: the model's grid shifted by `shift`, or with
+        `grid_shift = False` the uniform linspace(1, 0, N + 1) (Sol-RL's SANA sampler), float32."""
+        if self.grid_shift:
+            return sigma_grid(self.num_steps, self.shift, device=device)
+        return torch.linspace(1.0, 0.0, self.num_steps + 1, dtype=torch.float32, device=device)
 
     @classmethod
     def from_sample_config(
@@ -46,6 +55,7 @@ class GenerationSpec:
             shift=sample.flow_shift if sample.flow_shift is not None else adapter.shift_for(*size),
             height=size[0],
             width=size[1],
+            grid_shift=sample.grid_shift,
         )
 
 
@@ -65,7 +75,7 @@ def generate_latents(
     `module` samples with another copy of the transformer (default: the trained one, its active adapter)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
-    sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
+    sigmas = spec.sigmas(device=adapter.device)
     if spec.guidance_scale != 1.0 and uncond is None and adapter.cfg_batch:
         uncond = adapter.encode_prompts([""])
 

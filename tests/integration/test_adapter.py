@@ -85,3 +85,29 @@ def test_shapes_vocabulary_covers_every_caption():
     from sanarl.worlds.shapes import caption_vocabulary
 
     assert set(caption_vocabulary()) <= set(SHAPES_VOCABULARY)
+
+
+def test_complex_human_instruction_is_the_pipelines_own():
+    """`complex_human_instruction = true` encodes as `SanaPipeline.encode_prompt` with the instruction
+    `SanaPipeline.__call__` prepends by default (lines joined by newlines, in front of every prompt, the token budget
+    lengthened by the instruction's tokens); false encodes without one; the two differ."""
+    import inspect
+
+    from diffusers import SanaPipeline
+
+    instruction = inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
+    assert instruction[0].startswith("Given a user prompt, generate an 'Enhanced prompt'")
+    assert instruction[-1] == "User Prompt: "
+    prompts = ["a red circle", "two blue squares above a green triangle"]
+    on = load_adapter(policy("shapes", complex_human_instruction=True))
+    off = load_adapter(policy("shapes"))
+    with_chi, without = on.encode_prompts(prompts), off.encode_prompts(prompts)
+    expected = on.pipeline.encode_prompt(prompts, do_classifier_free_guidance=False, device="cpu",
+                                         max_sequence_length=12, complex_human_instruction=instruction)  # fmt: skip
+    torch.testing.assert_close(with_chi.embeds, expected[0], rtol=0, atol=0)
+    assert torch.equal(with_chi.mask, expected[1])
+    plain = off.pipeline.encode_prompt(prompts, do_classifier_free_guidance=False, device="cpu",
+                                       max_sequence_length=12, complex_human_instruction=None)  # fmt: skip
+    torch.testing.assert_close(without.embeds, plain[0], rtol=0, atol=0)
+    assert with_chi.embeds.shape == without.embeds.shape
+    assert (with_chi.embeds - without.embeds).abs().max() > 1e-3

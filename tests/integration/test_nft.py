@@ -318,3 +318,40 @@ def test_quantized_rollout_copy_resume_equals_uninterrupted_bit_for_bit(tmp_path
     clocks = [k for k in after[1] if k == "samples_per_s" or any(p.startswith("time") for p in k.split("/"))]
     same = [k for k in after[1] if k not in clocks]
     assert {k: after[0][k] for k in same} == {k: after[1][k] for k in same}
+
+
+def test_decay_type_3_moves_the_old_adapter_by_sol_rls_custom_ramp(tmp_path):
+    """Sol-RL's decay type 3 through a run: after optimizer step k, d = min(k value / step, value)."""
+    api.train(
+        loaded(tmp_path, "train.max_num_steps=3", "policy.diffusers.weight_copy_decay_type=3",
+               "policy.diffusers.custom_decay_step=2", "policy.diffusers.custom_decay_value=0.6"),
+        SHAPES,
+    )  # fmt: skip
+    decays = [r["old_decay"] for r in read_metrics(tmp_path / "metrics.jsonl") if "old_decay" in r]
+    assert decays == pytest.approx([min(k * 0.6 / 2, 0.6) for k in (1, 2, 3)])  # 0.3, 0.6, 0.6
+
+
+def test_unshifted_grid_samples_on_linspace(tmp_path):
+    """`sample.grid_shift = false` (Sol-RL's SANA sampler): the rollout latents are the Euler loop over
+    linspace(1, 0, N + 1) from the seed's noise, whatever the model's flow shift."""
+    from sanarl.core.samplers import initial_noise
+    from sanarl.training.sampling import generate_latents
+
+    engine = api.train(
+        loaded(
+            tmp_path, "policy.diffusers.sample.grid_shift=false", "policy.diffusers.sample.flow_shift=3.0"
+        ),
+        SHAPES,
+        dry_run=True,
+    ).task.engine
+    adapter, spec = engine.adapter, engine.spec
+    cond = adapter.encode_prompts(["a red circle", "a red circle"])
+    seeds = [5, 6]
+    got = generate_latents(adapter, cond, seeds, spec).latents
+    x, _ = initial_noise(adapter.latent_shape(spec.height, spec.width), seeds, device=adapter.device)
+    levels = [1.0 - i / spec.num_steps for i in range(spec.num_steps + 1)]
+    with torch.no_grad():
+        for s, s_next in zip(levels[:-1], levels[1:], strict=True):
+            v = adapter.velocity(x, torch.full((2,), s), cond).float()
+            x = x + v * (s_next - s)
+    torch.testing.assert_close(got, x, atol=1e-5, rtol=1e-5)

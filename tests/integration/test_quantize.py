@@ -8,6 +8,7 @@ reward, ranked once on the float32 copy's drafts and once on the int8 copy's."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -181,6 +182,8 @@ def test_int8_copy_follows_a_refresh(engine):
         ((10, 0), True, "auto", ("nvfp4", "te")),
         ((10, 0), False, "auto", ("fp8", "torch_fp8")),
         ((8, 0), False, "auto", None),
+        ((9, 0), True, "e2m1_delayed", ("e2m1_delayed", "te")),
+        ((10, 0), True, "e2m1_delayed", ("e2m1_delayed", "te")),
     ],
 )
 def test_backend_follows_precision_and_machine(monkeypatch, capability, te, precision, expected):
@@ -196,6 +199,9 @@ def test_backend_follows_precision_and_machine(monkeypatch, capability, te, prec
         (None, False, "nvfp4", "Blackwell"),
         ((9, 0), False, "nvfp4", "Blackwell"),
         ((10, 0), False, "nvfp4", "transformer-engine"),
+        (None, False, "e2m1_delayed", "sm_89"),
+        ((9, 0), False, "e2m1_delayed", "transformer-engine"),
+        ((8, 6), True, "e2m1_delayed", "sm_89"),
     ],
 )
 def test_precisions_the_machine_cannot_run_name_the_fix(monkeypatch, capability, te, precision, needle):
@@ -232,3 +238,112 @@ def test_real_architectures_quantize_what_sol_rl_quantizes():
     quantized = eligible_linears(large, 2432)
     assert len(quantized) == 2 * 38
     assert all(n.endswith((".ff.net.0.proj", ".ff.net.2")) and ".ff_context." not in n for n in quantized)
+
+
+def _fake_transformer_engine(monkeypatch) -> list:
+    """transformer-engine's recipe module as its source defines the parts used here (a Format enum with E2M1, E4M3,
+    HYBRID; recipe classes taking keyword arguments), recording every construction."""
+    import enum
+    import importlib.machinery
+    import types
+
+    built: list = []
+
+    class Format(enum.Enum):
+        E2M1 = "E2M1"
+        E4M3 = "E4M3"
+        HYBRID = "HYBRID"
+
+    def recipe_class(name):
+        return type(name, (), {"__init__": lambda self, **kwargs: built.append((name, kwargs))})
+
+    recipe = types.ModuleType("transformer_engine.common.recipe")
+    recipe.Format = Format
+    for name in ("DelayedScaling", "NVFP4BlockScaling"):
+        setattr(recipe, name, recipe_class(name))
+    common = types.ModuleType("transformer_engine.common")
+    common.recipe = recipe
+    package = types.ModuleType("transformer_engine")
+    package.common = common
+    for name, module in (("transformer_engine", package), ("transformer_engine.common", common),
+                         ("transformer_engine.common.recipe", recipe)):  # fmt: skip
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    return built, Format
+
+
+def test_sol_rl_presets_use_sol_rls_recipe_as_written(monkeypatch):
+    """Sol-RL's preview copies run under transformer-engine's DelayedScaling(fp8_format=Format.E2M1,
+    amax_history_len=16, amax_compute_algo="max") (its NVFP4_RECIPE); `e2m1_delayed` builds exactly that, `nvfp4`
+    NVFP4BlockScaling() and `fp8` DelayedScaling() with transformer-engine's defaults."""
+    built, Format = _fake_transformer_engine(monkeypatch)
+    for precision in ("e2m1_delayed", "nvfp4", "fp8"):
+        quantize.te_recipe(precision)
+    assert built == [
+        ("DelayedScaling", {"fp8_format": Format.E2M1, "amax_history_len": 16, "amax_compute_algo": "max"}),
+        ("NVFP4BlockScaling", {}),
+        ("DelayedScaling", {}),
+    ]
+    for preset in ("sana-image", "flux1", "sd35l"):
+        for family in ("naive_quant", "sol_rl"):
+            cfg = load_config(ROOT / "sanarl" / "presets" / f"{preset}-nft-{family}.toml").config
+            assert cfg.rollout.preview_precision == "e2m1_delayed", (preset, family)
+
+
+def test_sol_rls_recipe_needs_transformer_engine(monkeypatch):
+    """Without transformer-engine the recipe cannot be built: the run stops at start (exit 2) naming the package."""
+    monkeypatch.setattr(quantize, "_capability", lambda: (9, 0))
+    monkeypatch.setattr(quantize, "_has_te", lambda: False)
+    with pytest.raises(UserError, match=r"sanarl\[te\]"):
+        quantize.check_quantization("e2m1_delayed", "sol_rl")
+
+
+def test_the_transformer_engine_path_wires_linears_convolutions_and_the_recipe(monkeypatch):
+    """The transformer-engine backend on CPU with a stand-in for `te.Linear` (an exact nn.Linear taking TE's
+    constructor arguments) and `te.fp8_autocast` (recording its recipe): every eligible layer of a tiny SANA, the
+    feed-forward's 1x1 convolutions included, becomes a TE layer holding the same weights, the forward runs under
+    Sol-RL's recipe, and the copy computes what the float model computes."""
+    import contextlib
+    import copy
+    import importlib.machinery
+    import types
+
+    from sanarl.models.tiny import sana_transformer
+
+    torch.manual_seed(0)
+    model = sana_transformer(channels=16, heads=2, head_dim=16, layers=1, caption=32, patch=1).eval()
+    built, Format = _fake_transformer_engine(monkeypatch)
+    autocasts = []
+
+    class Linear(nn.Linear):
+        def __init__(self, n_in, n_out, bias=True, params_dtype=None, device=None):
+            super().__init__(n_in, n_out, bias=bias, device=device)
+
+    @contextlib.contextmanager
+    def fp8_autocast(enabled, fp8_recipe):
+        autocasts.append((enabled, fp8_recipe))
+        yield
+
+    te = types.ModuleType("transformer_engine.pytorch")
+    te.Linear, te.fp8_autocast = Linear, fp8_autocast
+    te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine.pytorch", None)
+    sys.modules["transformer_engine"].pytorch = te
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
+    monkeypatch.setattr(quantize, "_capability", lambda: (9, 0))
+    monkeypatch.setattr(quantize, "_has_te", lambda: True)
+
+    copy_ = copy.deepcopy(model)
+    names = quantize.quantize_linears(copy_, "e2m1_delayed", min_dim=0)
+    assert names == quantize.eligible_linears(model, 0)
+    conv = copy_.get_submodule("transformer_blocks.0.ff.conv_inverted")
+    original = model.get_submodule("transformer_blocks.0.ff.conv_inverted").weight
+    assert isinstance(conv.inner, Linear) and torch.equal(conv.weight, original[:, :, 0, 0])
+    assert isinstance(copy_.get_submodule("transformer_blocks.0.attn2.to_k"), Linear)
+    x, text = torch.randn(2, 16, 8, 8), torch.randn(2, 5, 32)
+    kwargs = {"encoder_hidden_states": text, "timestep": torch.tensor([300.0, 800.0]), "return_dict": False}
+    with torch.no_grad():
+        torch.testing.assert_close(copy_(x, **kwargs)[0], model(x, **kwargs)[0], atol=1e-5, rtol=1e-5)
+    assert len(autocasts) == 1 and autocasts[0][0] is True
+    assert built == [
+        ("DelayedScaling", {"fp8_format": Format.E2M1, "amax_history_len": 16, "amax_compute_algo": "max"})
+    ]

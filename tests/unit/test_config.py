@@ -437,7 +437,11 @@ def test_mini_batch_must_divide_train_batch() -> None:
         (["train.optm_name=adamw"], ["`train.optm_name` = 'adamw'", "did you mean 'AdamW'?"]),
         (["train.optm_lr=0"], ["`train.optm_lr` = 0.0", "> 0"]),
         (["train.ema_decay=1"], ["`train.ema_decay` = 1.0", "[0, 1)"]),
-        (["policy.diffusers.weight_copy_decay_type=3"], ["weight_copy_decay_type` = 3", "0, 1, 2"]),
+        (["policy.diffusers.weight_copy_decay_type=4"], ["weight_copy_decay_type` = 4", "0, 1, 2, 3"]),
+        (
+            ["policy.diffusers.weight_copy_decay_type=3"],
+            ["weight_copy_decay_type` = 3", "custom_decay_step = 0"],
+        ),
         (["train.ckpt.save_freq=0"], ["`train.ckpt.save_freq` = 0", ">= 1"]),
         (["policy.diffusers.sample.guidance_scale=-1"], ["guidance_scale` = -1.0", ">= 0"]),
         (

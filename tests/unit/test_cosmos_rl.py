@@ -272,6 +272,8 @@ def test_defaults_that_differ_from_cosmos_rl_are_listed_for_keys_the_file_leaves
     diffs = cosmos_rl.default_differences(loaded.config, loaded.given)
     assert "train.train_policy.remote_reward.reward_fns[0].clip_max = None (Cosmos-RL's: 5.0)" in diffs
     assert "validation.freq = 100 (Cosmos-RL's: 20)" in diffs
+    # Cosmos-RL encodes SANA prompts without the complex human instruction (sanarl's default prepends it)
+    assert "policy.diffusers.complex_human_instruction = True (Cosmos-RL's: False)" in diffs
     # set in the file (guidance_scale, timestep_fraction via its alias) or by --set (max_keep): not listed
     assert not [
         d for d in diffs if d.startswith(("policy.diffusers.sample.guidance_scale", "train.ckpt.max_keep"))

@@ -68,7 +68,9 @@ def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
     assert trained_positions([0, 1, 2], 10, 0.1, windowed=True) == [0, 1, 2]  # Fast: the whole window
 
 
-@pytest.mark.parametrize("mode", ["best_worst", "mean_deviation", "random", "extremes_random"])
+@pytest.mark.parametrize(
+    "mode", ["best_worst", "mean_deviation", "random", "extremes_random", "best_worst_random"]
+)
 def test_a_nan_draft_is_never_kept_while_a_scorable_one_remains(mode):
     import torch
 

@@ -16,7 +16,7 @@ from typing import TypedDict
 import torch
 
 from sanarl.config.schema import Config
-from sanarl.core.flow import interpolate, sigma_grid
+from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
@@ -24,6 +24,7 @@ from sanarl.methods.nft.config import validate, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch, planned_steps, run_settings
+from sanarl.training.quantize import model_quant_plan
 from sanarl.training.rollout import PromptGroup
 
 
@@ -90,7 +91,7 @@ class NFTTask(GroupRLTask):
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(keep.nonzero().squeeze(1))
         adv = adv[keep]
         num_steps = self.engine.spec.num_steps
-        levels = sigma_grid(num_steps, self.engine.spec.shift)[:-1]
+        levels = self.engine.spec.sigmas()[:-1]
         trained = max(1, int(num_steps * self.view.diffusers.timesteps_fraction))
         order = torch.stack([torch.randperm(num_steps, generator=rng)[:trained] for _ in range(len(x0))])
         eps = torch.randn((trained, *x0.shape), generator=rng)
@@ -151,7 +152,10 @@ class NFTTask(GroupRLTask):
         if step % k:
             return {}
         module = self.adapter.trainable_module()
-        decay = old_weight_decay(step, self.view.diffusers.weight_copy_decay_type)
+        diff = self.view.diffusers
+        decay = old_weight_decay(
+            step, diff.weight_copy_decay_type, diff.custom_decay_step, diff.custom_decay_value
+        )
         old = adapter_parameters(module, "old")
         new = adapter_parameters(module, "default")
         pairs = [(old[k], new[k.replace(".old.", ".default.")]) for k in old]
@@ -190,4 +194,17 @@ class NFTTask(GroupRLTask):
         ]  # fmt: skip
         if ro.family == "sol_rl":
             rows.append(("preview", f"{ro.preview_step} steps at {ro.preview_precision}"))
+        if ro.family in ("naive_quant", "sol_rl") and ro.preview_precision != "bf16":
+            rows.append(("quantized copy", _quantized_copy_row(cfg, ro)))
         return rows
+
+
+def _quantized_copy_row(cfg: Config, ro) -> str:
+    """What the quantized copy replaces, from the architecture on the meta device (no weights); refuses (UserError)
+    a copy that would quantize nothing."""
+    name = cfg.policy.model_name_or_path
+    what = f'`rollout.family = "{ro.family}"` with `rollout.preview_precision = "{ro.preview_precision}"`'
+    plan = model_quant_plan(name, cfg.policy.model_revision, ro.nvfp4_min_dim, what)
+    if plan is None:
+        return f"layers counted once the transformer config of {name} is here"
+    return plan.summary()
