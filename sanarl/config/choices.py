@@ -21,6 +21,9 @@ Solver = Literal["euler", "dpm2", "flow_sde", "cps"]
 """Sampling solvers: two ODE solvers (euler, DPM-Solver++ 2M on x0) and two stochastic ones."""
 OdeSolver = Literal["euler", "dpm2"]
 """The deterministic solvers (evaluation always samples with one)."""
+SigmaGrid = Literal["flow_match_euler", "dpm_flow", "linspace"]
+"""Sampling grids (`sanarl.core.flow.SIGMA_GRIDS`): FlowMatchEulerDiscreteScheduler's and DPMSolverMultistepScheduler's
+(flow sigmas) own `set_timesteps(N)` grids, and the explicit `linspace(1, 1/N, N)` that FluxPipeline passes."""
 Weighting = Literal["logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap"]
 """SFT timestep densities."""
 Dtype = Literal["float32", "bfloat16", "float16"]

@@ -25,6 +25,7 @@ from sanarl.config.choices import (
     RolloutBackend,
     RolloutFamily,
     Selection,
+    SigmaGrid,
     SoarRolloutType,
     Solver,
     TaskType,
@@ -73,6 +74,10 @@ class SampleConfig:
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
+    sigma_grid: SigmaGrid | None = None
+    """The sampling grid (rollouts, trained NFT levels, Flow-GRPO steps, validation, eval): flow_match_euler |
+    dpm_flow | linspace; None = the one the family's diffusers pipeline samples on by default (SD3.5, SANA,
+    SANA-Video: their scheduler's `set_timesteps(N)` grid; FLUX: linspace)."""
     # --- evaluation sampler (exactness, issue 16) ---
     eval_solver: OdeSolver | None = None
     """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the

@@ -17,6 +17,8 @@ What `FluxPipeline.__call__` does, restated in sanarl's convention (docs/algorit
   `policy.diffusers.sample.guidance_scale`, as Sol-RL's FLUX trainer uses its train guidance.
 - Model call: `transformer(packed, timestep=s, guidance=g, ...)`; the pipeline passes `t / 1000` with t = 1000 s,
   i.e. s itself, and its output is the velocity `eps - x0` of `x_s = (1 - s) x0 + s eps`.
+- Grid: the pipeline passes `sigmas = linspace(1, 1/N, N)` to its scheduler (sanarl's `linspace` grid, unlike
+  SD3.5's and SANA's pipelines, which sample on their scheduler's own `set_timesteps(N)` grid).
 - Grid shift by resolution: with dynamic shifting the pipeline sets mu = linear in the image token count
   (`base_shift` at `base_image_seq_len` up to `max_shift` at `max_image_seq_len`) and shifts the grid by
   exp(mu) t / (1 + (exp(mu) - 1) t), which is sanarl's shift map with shift = exp(mu) (`shift_for`).
@@ -87,6 +89,9 @@ class FluxAdapter(DiffusionAdapter):
     def __init__(self, pipeline: FluxPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()
         self._bind(pipeline, policy, device)
+        self.pipeline_grid = (
+            "linspace"  # FluxPipeline passes sigmas = linspace(1, 1/N, N), shifted by exp(mu)
+        )
         self.text_encoders = nn.ModuleList([getattr(pipeline, n) for n in TEXT_ENCODERS])
         self.guidance = float(policy.diffusers.sample.guidance_scale)
         self.guidance_embeds = bool(pipeline.transformer.config.guidance_embeds)

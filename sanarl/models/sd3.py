@@ -14,7 +14,10 @@ What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (
   encoder's posterior `mean + std eps` as the references (training tasks pass eps from the step's seeded generator,
   so resume and micro-batch splits stay exact); without `noise`, or with `policy.diffusers.vae_latents = "mode"`,
   E is the posterior mean.
-- Grid shift: the scheduler's `shift` (3.0 for SD3.5), applied once to the sigma grid.
+- Grid: the pipeline called without `sigmas` samples on `FlowMatchEulerDiscreteScheduler.set_timesteps(N)`, which
+  spaces N levels between the ends of its already shifted training table and shifts them again (the base class's
+  `pipeline_grid` "flow_match_euler", sanarl.core.flow.flow_match_euler_grid); shift = the scheduler's `shift`
+  (3.0 for SD3.5). flow_grpo, DiffusionNFT and Sol-RL sample SD3.5 on the same grid.
 - SD3.5-Medium vs SD3.5-Large (docs/sd35.md): the same pipeline class and adapter. Medium's MMDiT has dual-attention
   blocks (`dual_attention_layers` 0-12: a second, image-only attention `attn2` per block), Large has none (38 plain
   joint-attention blocks, width 2432); everything here reads the loaded config, never the block layout. Skip-layer

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import torch
 
 from sanarl.config.schema import SampleConfig
-from sanarl.core.flow import sigma_grid
 from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
 
 
 @dataclass
 class GenerationSpec:
-    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W]."""
+    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W] and the grid's name
+    (`sanarl.core.flow.SIGMA_GRIDS`; None = the adapter's pipeline grid)."""
 
     num_steps: int
     guidance_scale: float
@@ -25,6 +25,7 @@ class GenerationSpec:
     shift: float
     height: int
     width: int
+    grid: str | None = None
 
     @classmethod
     def from_sample_config(
@@ -46,7 +47,12 @@ class GenerationSpec:
             shift=sample.flow_shift if sample.flow_shift is not None else adapter.shift_for(*size),
             height=size[0],
             width=size[1],
+            grid=adapter.grid_name(sample.sigma_grid),
         )
+
+    def sigmas(self, adapter: DiffusionAdapter, *, device: torch.device | str | None = None) -> torch.Tensor:
+        """The [N + 1] grid of this spec: rollouts, the levels NFT trains and the steps Flow-GRPO trains use it."""
+        return adapter.sigmas(self.num_steps, self.shift, self.grid, device=device)
 
 
 @torch.no_grad()
@@ -65,7 +71,7 @@ def generate_latents(
     `module` samples with another copy of the transformer (default: the trained one, its active adapter)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
-    sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
+    sigmas = spec.sigmas(adapter, device=adapter.device)
     if spec.guidance_scale != 1.0 and uncond is None and adapter.cfg_batch:
         uncond = adapter.encode_prompts([""])
 

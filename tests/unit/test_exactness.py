@@ -14,7 +14,11 @@ from sanarl.training.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "sanarl" / "presets"
-ADAPTER = SimpleNamespace(default_shift=3.0, shift_for=lambda height, width: 3.0)
+ADAPTER = SimpleNamespace(
+    default_shift=3.0,
+    shift_for=lambda height, width: 3.0,
+    grid_name=lambda requested=None: requested or "flow_match_euler",
+)
 
 
 def load_config(path: Path, overrides: list[str] = ()):

@@ -43,7 +43,6 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.core.advantages import clip_advantages
-from sanarl.core.flow import sigma_grid
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cps_step, flow_sde_step
@@ -116,7 +115,7 @@ class FlowGRPOTask(GroupRLTask):
         super().setup_model()
         sample = self.view.diffusers.sample
         self.spec = replace(self.engine.spec, solver=sample.solver, eta=sample.noise_level)
-        self.sigmas = sigma_grid(self.spec.num_steps, self.spec.shift)
+        self.sigmas = self.spec.sigmas(self.adapter)
         if not self.uses_lora and self.view.train_policy.kl_beta > 0:
             self.reference = copy.deepcopy(self.adapter.trainable_module()).requires_grad_(False).eval()
 

@@ -8,7 +8,6 @@ from functools import partial
 
 import torch
 
-from sanarl.core.flow import sigma_grid
 from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.sampling import GenerationSpec
@@ -81,7 +80,7 @@ def sample_trajectories(
     keeps the trajectory of the stochastic steps on CPU and can share one initial noise per group.
     """
     shape = adapter.latent_shape(spec.height, spec.width)
-    sigmas = sigma_grid(spec.num_steps, spec.shift, device=adapter.device)
+    sigmas = spec.sigmas(adapter, device=adapter.device)
     a, b = window if window is not None else (0, spec.num_steps)
     shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
     finals, states, log_probs = [], [], []

@@ -16,7 +16,7 @@ from typing import TypedDict
 import torch
 
 from sanarl.config.schema import Config
-from sanarl.core.flow import interpolate, sigma_grid
+from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
@@ -90,7 +90,7 @@ class NFTTask(GroupRLTask):
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(keep.nonzero().squeeze(1))
         adv = adv[keep]
         num_steps = self.engine.spec.num_steps
-        levels = sigma_grid(num_steps, self.engine.spec.shift)[:-1]
+        levels = self.engine.spec.sigmas(self.adapter)[:-1]  # the rollout's own grid
         trained = max(1, int(num_steps * self.view.diffusers.timesteps_fraction))
         order = torch.stack([torch.randperm(num_steps, generator=rng)[:trained] for _ in range(len(x0))])
         eps = torch.randn((trained, *x0.shape), generator=rng)
