@@ -74,6 +74,10 @@ class SampleConfig:
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
+    integer_timesteps: bool = False
+    """Sampling (rollouts, the Sol-RL preview, validation, eval) feeds the model the integer timestep
+    trunc(1000 s), as DiffusionNFT's and Sol-RL's SD3 sampler do; training forwards keep the float 1000 s. The
+    steps themselves use the float grid. False: the float 1000 s everywhere (the diffusers pipelines, flow_grpo)."""
     sigma_grid: SigmaGrid | None = None
     """The sampling grid (rollouts, trained NFT levels, Flow-GRPO steps, validation, eval): flow_match_euler |
     dpm_flow | linspace; None = the one the family's diffusers pipeline samples on by default (SD3.5, SANA,

@@ -5,7 +5,8 @@ One convention for the whole project:
 - noisy sample ``x_s = (1 - s) * x0 + s * eps`` with the noise level ``s`` (sigma) in [0, 1], ``s = 1`` pure noise;
 - velocity target ``v* = eps - x0``; clean estimate from any velocity ``x0_hat = x_s - s * v``;
 - sampling runs ``s`` from 1 down to 0 (``x' = x + v * (s' - s)`` for Euler, see ``samplers``);
-- the model sees the float timestep ``1000 * s``, never truncated to an integer;
+- the model sees the float timestep ``1000 * s`` (sampling truncates it to an integer only with
+  ``sample.integer_timesteps``, DiffusionNFT's SD3 rollout convention, applied by the adapter);
 - sampling grids follow the family's diffusers pipeline (``grid`` by name: its scheduler's own grid, or FLUX's
   explicit ``linspace``).
 

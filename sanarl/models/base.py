@@ -122,6 +122,8 @@ class DiffusionAdapter(ABC):
     """The grid the family's pipeline samples on when called with its defaults (`sanarl.core.flow.SIGMA_GRIDS`);
     None when sanarl cannot reproduce its scheduler's (then `sample.sigma_grid` must be set)."""
     num_train_timesteps: int = 1000
+    integer_timesteps: bool = False
+    """Set while sampling with `sample.integer_timesteps` (`truncated_timesteps`): `model_time` is trunc(1000 s)."""
     cfg_batch: bool = True
     """Guidance runs an unconditional batch (CFG); False for guidance-distilled families (FLUX.1-dev), whose
     `guided_velocity` embeds the guidance scale instead, so no caller needs to encode the empty prompt."""
@@ -208,6 +210,21 @@ class DiffusionAdapter(ABC):
         """The grid shift for images of height x width when `sample.flow_shift` is unset: the scheduler's fixed
         shift here; families whose pipeline shifts by resolution (FLUX) override it."""
         return self.default_shift
+
+    def model_time(self, s: torch.Tensor) -> torch.Tensor:
+        """The model timestep 1000 s of levels s (float32), truncated to an integer while `integer_timesteps` is set
+        (DiffusionNFT's and Sol-RL's SD3 sampler cast the float32 1000 s to a long)."""
+        t = 1000.0 * s
+        return torch.trunc(t) if self.integer_timesteps else t
+
+    @contextmanager
+    def truncated_timesteps(self, enabled: bool) -> Iterator[None]:
+        """Within the block the model sees `model_time(s)` truncated (when `enabled`); restored afterwards."""
+        before, self.integer_timesteps = self.integer_timesteps, bool(enabled)
+        try:
+            yield
+        finally:
+            self.integer_timesteps = before
 
     def grid_name(self, requested: str | None = None) -> str:
         """`requested` (`sample.sigma_grid`), else the pipeline's default grid.

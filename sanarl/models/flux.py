@@ -155,7 +155,7 @@ class FluxAdapter(DiffusionAdapter):
         g = torch.full((batch,), guidance, device=x.device) if self.guidance_embeds else None
         out = module(
             hidden_states=pack(x).to(dtype),
-            timestep=s.to(dtype),
+            timestep=(self.model_time(s) / 1000.0 if self.integer_timesteps else s).to(dtype),
             guidance=g,
             pooled_projections=cond.pooled.to(dtype),
             encoder_hidden_states=cond.embeds.to(dtype),

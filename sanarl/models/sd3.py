@@ -101,7 +101,7 @@ class SD3Adapter(DiffusionAdapter):
             hidden_states=x.to(dtype),
             encoder_hidden_states=cond.embeds.to(dtype),
             pooled_projections=cond.pooled.to(dtype),
-            timestep=1000.0 * s,
+            timestep=self.model_time(s),
             return_dict=False,
         )[0]
 

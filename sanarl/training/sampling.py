@@ -26,6 +26,7 @@ class GenerationSpec:
     height: int
     width: int
     grid: str | None = None
+    integer_timesteps: bool = False
 
     @classmethod
     def from_sample_config(
@@ -48,6 +49,7 @@ class GenerationSpec:
             height=size[0],
             width=size[1],
             grid=adapter.grid_name(sample.sigma_grid),
+            integer_timesteps=sample.integer_timesteps,
         )
 
     def sigmas(self, adapter: DiffusionAdapter, *, device: torch.device | str | None = None) -> torch.Tensor:
@@ -78,16 +80,19 @@ def generate_latents(
     def velocity(x_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return adapter.guided_velocity(x_t, s, cond, uncond, spec.guidance_scale, module)
 
-    return sample_loop(
-        velocity,
-        x,
-        sigmas,
-        solver=spec.solver,
-        eta=spec.eta,
-        generators=generators,
-        return_trajectory=return_trajectory,
-        window=window,
-    )
+    with adapter.truncated_timesteps(
+        spec.integer_timesteps
+    ):  # the model's timestep only; steps keep the float s
+        return sample_loop(
+            velocity,
+            x,
+            sigmas,
+            solver=spec.solver,
+            eta=spec.eta,
+            generators=generators,
+            return_trajectory=return_trajectory,
+            window=window,
+        )
 
 
 @torch.no_grad()

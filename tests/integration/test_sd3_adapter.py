@@ -172,6 +172,44 @@ def test_explicit_linspace_sigmas_match_the_linspace_grid(sd3):
     assert (ours - _sanarl(sd3, 1.0)).abs().max().item() > 1e-3  # the two grids really differ
 
 
+def test_integer_timesteps_while_sampling_and_the_float_in_training(sd3):
+    """`sample.integer_timesteps`: the MMDiT sees DiffusionNFT's `torch.full(.., sigma * 1000, dtype=long)` at every
+    sampling step (Euler on the float grid, re-derived below), and the float 1000 s in a training forward."""
+    from sanarl.core.samplers import initial_noise
+
+    seen: list[torch.Tensor] = []
+    hook = sd3.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["timestep"].clone()), with_kwargs=True
+    )
+    cond = sd3.encode_prompts([PROMPTS[0]] * len(SEEDS))
+    spec = GenerationSpec(STEPS, 1.0, "euler", 0.0, 3.0, 32, 32, integer_timesteps=True)
+    try:
+        ours = generate_latents(sd3, cond, SEEDS, spec).latents
+        sampled, seen[:] = list(seen), []
+        s = torch.tensor([0.6789] * len(SEEDS))
+        sd3.velocity(torch.randn(3, 4, 8, 8), s, cond)
+        trained = seen[0]
+    finally:
+        hook.remove()
+    sigmas = _pipeline_grid(sd3, STEPS).float()
+    x, _ = initial_noise((4, 8, 8), SEEDS)
+    for i, sigma in enumerate(sigmas[:-1]):
+        t = torch.full([len(SEEDS)], sigma * 1000, dtype=torch.long)
+        assert torch.equal(sampled[i], t.float())
+        v = sd3.transformer(
+            hidden_states=x,
+            timestep=t,
+            encoder_hidden_states=cond.embeds,
+            pooled_projections=cond.pooled,
+            return_dict=False,
+        )[0]
+        x = x + v * (sigmas[i + 1] - sigma)
+    torch.testing.assert_close(ours, x, atol=1e-6, rtol=0)
+    assert torch.equal(trained, 1000.0 * s) and trained[0].item() != int(trained[0].item())
+    assert not sd3.integer_timesteps  # restored after sampling
+    assert (ours - _sanarl(sd3, 1.0)).abs().max().item() > 1e-6  # the float timesteps really differ
+
+
 def test_guidance_changes_the_sample(sd3):
     assert (_sanarl(sd3, 4.5) - _sanarl(sd3, 1.0)).abs().max().item() > 1e-2
 

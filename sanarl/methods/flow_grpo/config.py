@@ -33,6 +33,12 @@ def validate(cfg: Config) -> None:
             "noise_level > 0 (e.g. 0.7)."
         )
     check_rollout_family(cfg)
+    if sample.integer_timesteps:
+        raise ConfigError(
+            "policy.diffusers.sample.integer_timesteps = true is DiffusionNFT's / Sol-RL's rollout convention; "
+            "flow_grpo feeds the float timestep in rollout and training alike (its log-prob ratios need the same "
+            "model call in both): set it to false."
+        )
     if tp.clip_range <= 0 or tp.ratio_warn_tolerance < 0:
         raise ConfigError(
             f"train.train_policy.clip_range = {tp.clip_range} must be > 0 and ratio_warn_tolerance = "
