@@ -290,6 +290,10 @@ class TrainPolicyConfig:
     """Flow-GRPO-Fast: [r0, r1), the steps the window lies inside (its start is uniform in [r0, r1 - size])."""
     same_noise_per_group: bool = False
     """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
+    cps_train_last_step: bool = False
+    """Flow-GRPO with CPS: also train the deterministic last step to s' = 0, as flow_grpo does when its trained
+    steps reach it (timesteps_fraction = 1): its log-prob -(x' - mu)^2 has zero gradient on-policy, but it counts
+    in the accumulation divisor (N steps per sample instead of N - 1). Needs kl_beta = 0 (its std is 0)."""
     optimizer_steps_per_rollout: int = 1
     """NFT and Flow-GRPO: split each rollout's micro-batches over this many optimizer steps (the several gradient
     updates per sampling epoch of both public codebases). Flow-GRPO: steps after the first are off-policy, which is

@@ -179,7 +179,9 @@ class FlowGRPOTask(GroupRLTask):
         (`trained_positions`)."""
         steps = trajectories[0].steps
         positions = trained_positions(
-            trainable_positions(steps, self.sigmas, self.spec.solver),
+            trainable_positions(
+                steps, self.sigmas, self.spec.solver, cps_last_step=self.view.train_policy.cps_train_last_step
+            ),
             self.spec.num_steps,
             self.view.diffusers.timesteps_fraction,
             windowed=self.view.train_policy.sde_window_size > 0,
@@ -319,7 +321,8 @@ def _trained_plan(v: GroupRLView) -> tuple[int, str]:
         tp.sde_window_size > 0
     ):  # every window step is random (cps windows exclude the deterministic last step)
         return tp.sde_window_size, "every window step"
-    candidates = sample.num_steps - int(sample.solver == "cps")  # cps's last step to s' = 0 is deterministic
+    # cps's last step to s' = 0 is deterministic: trained only with cps_train_last_step (as flow_grpo)
+    candidates = sample.num_steps - int(sample.solver == "cps" and not tp.cps_train_last_step)
     fraction, n = v.diffusers.timesteps_fraction, sample.num_steps
     count = min(candidates, trained_count(n, fraction, False))
     return (
