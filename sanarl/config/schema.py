@@ -131,7 +131,7 @@ class DiffusersConfig:
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
     # --- exactness (issue 16) ---
     vae_latents: VaeLatents = "sample"
-    """Training latents of a VAE with a posterior (SD3): "sample" draws z = mean + std eps with eps from the step's
+    """Training latents of a VAE with a posterior (SD3, FLUX): "sample" draws z = mean + std eps with eps from the step's
     seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
 

@@ -102,6 +102,15 @@ def scheduler_grid(scheduler: Any) -> str | None:
     return None
 
 
+def posterior_latents(dist: Any, noise: torch.Tensor | None, sampling: bool) -> torch.Tensor:
+    """A VAE posterior's draw `mean + std noise` (float32) when `sampling` and `noise` is given, else its mean
+    (SD3 and FLUX training latents, as the references' `latent_dist.sample()` with the caller's seeded noise)."""
+    z = dist.mean.float()
+    if noise is not None and sampling:
+        z = z + dist.std.float() * noise.to(z.device, torch.float32)
+    return z
+
+
 class DiffusionAdapter(ABC):
     """Base class of family adapters.
 

@@ -34,7 +34,7 @@ from diffusers import StableDiffusion3Pipeline
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.base import Cond, DiffusionAdapter, posterior_latents
 from sanarl.models.multi_encoder import (
     check_t5_prompt_length,
     load_multi_encoder_pipeline,
@@ -113,9 +113,7 @@ class SD3Adapter(DiffusionAdapter):
         x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
         with self.resident(self.vae):
             dist = self.vae.encode(x).latent_dist
-        z = dist.mean.float()
-        if noise is not None and self.latent_sampling:
-            z = z + dist.std.float() * noise.to(z.device, torch.float32)
+        z = posterior_latents(dist, noise, self.latent_sampling)
         return (z - (cfg.shift_factor or 0.0)) * cfg.scaling_factor
 
     @torch.no_grad()
