@@ -242,7 +242,7 @@ class DiffusionAdapter(ABC):
             ConfigError: when neither is known (a scheduler whose grid sanarl does not reproduce)."""
         name = requested or self.pipeline_grid
         if name is None:
-            kind = type(self.pipeline.scheduler).__name__
+            kind = type(getattr(self.pipeline, "scheduler", None)).__name__
             raise ConfigError(
                 f"sanarl does not reproduce the default grid of this model's scheduler ({kind}); set "
                 "`policy.diffusers.sample.sigma_grid` to flow_match_euler, dpm_flow or linspace."
