@@ -3,8 +3,8 @@ equality and speed.
 
 Both sides integrate the flow ODE with Euler from s = 1 to 0 on the same grid, with the same per-sample seeds,
 the same prompt embeddings (computed once by the adapter) and CFG ``v = v_u + w (v_c - v_u)`` with the
-uncond = the encoding of "". The pipeline gets ``sigmas = linspace(1, 1/N, N)`` so its
-FlowMatchEulerDiscreteScheduler shifts them once, which is exactly `sanarl.core.flow.sigma_grid(N, shift)`.
+uncond = the encoding of "". The pipeline runs with its default grid (its FlowMatchEulerDiscreteScheduler's
+`set_timesteps(N)`), which is the adapter's default grid (`sanarl.core.flow.flow_match_euler_grid`).
 
 FLUX (`sanarl-tiny:flux`, guidance-distilled) has no CFG batch: both sides feed the guidance to the transformer's
 guidance embedding, the pipeline shifts the grid by its own `calculate_shift` mu (sanarl: `adapter.shift_for`), and
@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import _common
-import numpy as np
 import torch
 
 PROMPTS = (
@@ -111,7 +110,6 @@ def diffusers_latents(adapter, cond, uncond, seeds: list[int], steps: int, guida
         prompt_attention_mask=cond.mask,
         negative_prompt=None,
         num_inference_steps=steps,
-        sigmas=list(np.linspace(1.0, 1.0 / steps, steps)),
         guidance_scale=guidance,
         height=SIZE,
         width=SIZE,

@@ -21,6 +21,10 @@ Solver = Literal["euler", "dpm2", "flow_sde", "cps"]
 """Sampling solvers: two ODE solvers (euler, DPM-Solver++ 2M on x0) and two stochastic ones."""
 OdeSolver = Literal["euler", "dpm2"]
 """The deterministic solvers (evaluation always samples with one)."""
+SigmaGrid = Literal["flow_match_euler", "dpm_flow", "linspace", "uniform"]
+"""Sampling grids (`sanarl.core.flow.SIGMA_GRIDS`): FlowMatchEulerDiscreteScheduler's and DPMSolverMultistepScheduler's
+(flow sigmas) own `set_timesteps(N)` grids, the explicit `linspace(1, 1/N, N)` that FluxPipeline passes, and the
+unshifted `linspace(1, 0, N + 1)` of Sol-RL's SANA sampler."""
 Weighting = Literal["logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap"]
 """SFT timestep densities."""
 Dtype = Literal["float32", "bfloat16", "float16"]

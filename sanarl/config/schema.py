@@ -25,6 +25,7 @@ from sanarl.config.choices import (
     RolloutBackend,
     RolloutFamily,
     Selection,
+    SigmaGrid,
     SoarRolloutType,
     Solver,
     TaskType,
@@ -74,9 +75,15 @@ class SampleConfig:
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: float | None = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
-    grid_shift: bool = True
-    """Sample on the model's shifted sigma grid; false = the unshifted uniform grid linspace(1, 0, N + 1) for
-    rollouts, evaluation and the NFT trained levels alike (Sol-RL's SANA sampler; `flow_shift` is then unused)."""
+    integer_timesteps: bool = False
+    """Sampling (rollouts, the Sol-RL preview, validation, eval) feeds the model the integer timestep
+    trunc(1000 s), as DiffusionNFT's and Sol-RL's SD3 sampler do; training forwards keep the float 1000 s. The
+    steps themselves use the float grid. False: the float 1000 s everywhere (the diffusers pipelines, flow_grpo)."""
+    sigma_grid: SigmaGrid | None = None
+    """The sampling grid (rollouts, trained NFT levels, Flow-GRPO steps, validation, eval): flow_match_euler |
+    dpm_flow | linspace | uniform (unshifted linspace(1, 0, N + 1), `flow_shift` unused: Sol-RL's SANA
+    sampler); None = the one the family's diffusers pipeline samples on by default (SD3.5, SANA,
+    SANA-Video: their scheduler's `set_timesteps(N)` grid; FLUX: linspace)."""
     # --- evaluation sampler (exactness, issue 16) ---
     eval_solver: OdeSolver | None = None
     """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
@@ -133,7 +140,7 @@ class DiffusersConfig:
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
     # --- exactness (issue 16) ---
     vae_latents: VaeLatents = "sample"
-    """Training latents of a VAE with a posterior (SD3): "sample" draws z = mean + std eps with eps from the step's
+    """Training latents of a VAE with a posterior (SD3, FLUX): "sample" draws z = mean + std eps with eps from the step's
     seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
 
@@ -296,6 +303,10 @@ class TrainPolicyConfig:
     """Flow-GRPO-Fast: [r0, r1), the steps the window lies inside (its start is uniform in [r0, r1 - size])."""
     same_noise_per_group: bool = False
     """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
+    cps_train_last_step: bool = False
+    """Flow-GRPO with CPS: also train the deterministic last step to s' = 0, as flow_grpo does when its trained
+    steps reach it (timesteps_fraction = 1): its log-prob -(x' - mu)^2 has zero gradient on-policy, but it counts
+    in the accumulation divisor (N steps per sample instead of N - 1). Needs kl_beta = 0 (its std is 0)."""
     optimizer_steps_per_rollout: int = 1
     """NFT and Flow-GRPO: split each rollout's micro-batches over this many optimizer steps (the several gradient
     updates per sampling epoch of both public codebases). Flow-GRPO: steps after the first are off-policy, which is

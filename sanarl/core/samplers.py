@@ -332,7 +332,7 @@ def _check_grid(sigmas: Tensor) -> list[float]:
     if not ok or any(b >= a for a, b in zip(vals, vals[1:], strict=False)):
         raise ValueError(
             f"sigmas must be a 1-D strictly decreasing grid from at most 1 down to exactly 0 with >= 2 values "
-            f"(got {vals}); build one with sanarl.core.flow.sigma_grid(num_steps, shift)."
+            f"(got {vals}); build one with sanarl.core.flow.grid(name, num_steps, shift)."
         )
     return [float(v) for v in sigmas.detach().to("cpu", torch.float32).tolist()]
 
@@ -371,7 +371,7 @@ def sample_loop(
     Args:
         velocity_fn: ``(x [B, ...], s [B] float32) -> v [B, ...]``; the adapter turns s into its timestep.
         x_init: ``[B, ...]`` start noise (see ``initial_noise``).
-        sigmas: ``[N + 1]`` strictly decreasing grid ending at 0 (see ``flow.sigma_grid``).
+        sigmas: ``[N + 1]`` strictly decreasing grid ending at 0 (see ``flow.grid``).
         solver: euler | dpm2 | flow_sde | cps.
         eta: noise level of the stochastic solvers.
         generators: B generators, sample i's step noise is drawn from ``generators[i]`` only.

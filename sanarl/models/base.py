@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
+from sanarl.core.flow import grid
+from sanarl.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """`policy.diffusers.dtype` / `train.param_dtype` names -> torch dtypes."""
@@ -76,6 +78,39 @@ class Cond:
         return Cond(**out)
 
 
+_RESHAPED_SIGMAS = (
+    "use_karras_sigmas",
+    "use_exponential_sigmas",
+    "use_beta_sigmas",
+    "shift_terminal",
+    "invert_sigmas",
+)
+"""Scheduler options that reshape the default grid beyond what sanarl's grids reproduce."""
+
+
+def scheduler_grid(scheduler: Any) -> str | None:
+    """The name of the sanarl grid (`sanarl.core.flow.SIGMA_GRIDS`) equal to `scheduler.set_timesteps(N)` without
+    sigmas, as a pipeline called with its defaults uses it; None when sanarl has none for this scheduler."""
+    cfg = scheduler.config
+    if any(cfg.get(key, None) for key in _RESHAPED_SIGMAS) or cfg.get("use_dynamic_shifting", False):
+        return None
+    kind = type(scheduler).__name__
+    if kind == "FlowMatchEulerDiscreteScheduler":
+        return "flow_match_euler"
+    if kind == "DPMSolverMultistepScheduler" and cfg.get("use_flow_sigmas", False):
+        return "dpm_flow"
+    return None
+
+
+def posterior_latents(dist: Any, noise: torch.Tensor | None, sampling: bool) -> torch.Tensor:
+    """A VAE posterior's draw `mean + std noise` (float32) when `sampling` and `noise` is given, else its mean
+    (SD3 and FLUX training latents, as the references' `latent_dist.sample()` with the caller's seeded noise)."""
+    z = dist.mean.float()
+    if noise is not None and sampling:
+        z = z + dist.std.float() * noise.to(z.device, torch.float32)
+    return z
+
+
 class DiffusionAdapter(ABC):
     """Base class of family adapters.
 
@@ -92,6 +127,12 @@ class DiffusionAdapter(ABC):
     pipeline: object
     device: torch.device
     default_shift: float = 1.0
+    pipeline_grid: str | None = None
+    """The grid the family's pipeline samples on when called with its defaults (`sanarl.core.flow.SIGMA_GRIDS`);
+    None when sanarl cannot reproduce its scheduler's (then `sample.sigma_grid` must be set)."""
+    num_train_timesteps: int = 1000
+    integer_timesteps: bool = False
+    """Set while sampling with `sample.integer_timesteps` (`truncated_timesteps`): `model_time` is trunc(1000 s)."""
     cfg_batch: bool = True
     """Guidance runs an unconditional batch (CFG); False for guidance-distilled families (FLUX.1-dev), whose
     `guided_velocity` embeds the guidance scale instead, so no caller needs to encode the empty prompt."""
@@ -101,13 +142,16 @@ class DiffusionAdapter(ABC):
 
     def _bind(self, pipeline: Any, policy: PolicyConfig, device: torch.device) -> None:
         """The set-up every family shares: the pipeline with its transformer and VAE, the device, the prompt token
-        budget, offloading and the scheduler's default shift (`flow_shift`, else `shift`, else 1)."""
+        budget, offloading, the scheduler's default shift (`flow_shift`, else `shift`, else 1) and its own grid
+        (the pipeline's default when called without sigmas)."""
         self.pipeline, self.transformer, self.vae = pipeline, pipeline.transformer, pipeline.vae
         self.device = device
         self.max_prompt_length = policy.diffusers.max_prompt_length
         self.offload = policy.diffusers.offload
         sched = pipeline.scheduler.config
         self.default_shift = float(sched.get("flow_shift", None) or sched.get("shift", 1.0) or 1.0)
+        self.num_train_timesteps = int(sched.get("num_train_timesteps", 1000))
+        self.pipeline_grid = scheduler_grid(pipeline.scheduler)
 
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:
@@ -175,6 +219,47 @@ class DiffusionAdapter(ABC):
         """The grid shift for images of height x width when `sample.flow_shift` is unset: the scheduler's fixed
         shift here; families whose pipeline shifts by resolution (FLUX) override it."""
         return self.default_shift
+
+    def model_time(self, s: torch.Tensor) -> torch.Tensor:
+        """The model timestep 1000 s of levels s (float32), truncated to an integer while `integer_timesteps` is set
+        (DiffusionNFT's and Sol-RL's SD3 sampler cast the float32 1000 s to a long)."""
+        t = 1000.0 * s
+        return torch.trunc(t) if self.integer_timesteps else t
+
+    @contextmanager
+    def truncated_timesteps(self, enabled: bool) -> Iterator[None]:
+        """Within the block the model sees `model_time(s)` truncated (when `enabled`); restored afterwards."""
+        before, self.integer_timesteps = self.integer_timesteps, bool(enabled)
+        try:
+            yield
+        finally:
+            self.integer_timesteps = before
+
+    def grid_name(self, requested: str | None = None) -> str:
+        """`requested` (`sample.sigma_grid`), else the pipeline's default grid.
+
+        Raises:
+            ConfigError: when neither is known (a scheduler whose grid sanarl does not reproduce)."""
+        name = requested or self.pipeline_grid
+        if name is None:
+            kind = type(getattr(self.pipeline, "scheduler", None)).__name__
+            raise ConfigError(
+                f"sanarl does not reproduce the default grid of this model's scheduler ({kind}); set "
+                "`policy.diffusers.sample.sigma_grid` to flow_match_euler, dpm_flow or linspace."
+            )
+        return name
+
+    def sigmas(
+        self,
+        num_steps: int,
+        shift: float,
+        grid_name: str | None = None,
+        *,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """The [N + 1] sampling grid (rollouts, trained levels, eval): `grid_name`, else the pipeline's own."""
+        name = self.grid_name(grid_name)
+        return grid(name, num_steps, shift, num_train_timesteps=self.num_train_timesteps, device=device)
 
     def guided_velocity(
         self,

@@ -17,10 +17,15 @@ What `FluxPipeline.__call__` does, restated in sanarl's convention (docs/algorit
   `policy.diffusers.sample.guidance_scale`, as Sol-RL's FLUX trainer uses its train guidance.
 - Model call: `transformer(packed, timestep=s, guidance=g, ...)`; the pipeline passes `t / 1000` with t = 1000 s,
   i.e. s itself, and its output is the velocity `eps - x0` of `x_s = (1 - s) x0 + s eps`.
+- Grid: the pipeline passes `sigmas = linspace(1, 1/N, N)` to its scheduler (sanarl's `linspace` grid, unlike
+  SD3.5's and SANA's pipelines, which sample on their scheduler's own `set_timesteps(N)` grid).
 - Grid shift by resolution: with dynamic shifting the pipeline sets mu = linear in the image token count
   (`base_shift` at `base_image_seq_len` up to `max_shift` at `max_image_seq_len`) and shifts the grid by
   exp(mu) t / (1 + (exp(mu) - 1) t), which is sanarl's shift map with shift = exp(mu) (`shift_for`).
-- Latent normalisation: `z = (mode(vae.encode(2x - 1)) - shift_factor) * scaling_factor` and its inverse on decode.
+- Latent normalisation: `z = (E(2x - 1) - shift_factor) * scaling_factor` and its inverse on decode, where E draws
+  from the encoder's posterior `mean + std eps` for training (SFT, SOAR), as diffusers' FLUX training scripts take
+  `latent_dist.sample()` (eps from the step's seeded generator); `policy.diffusers.vae_latents = "mode"`, or no
+  noise, takes the posterior mean.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from diffusers import FluxPipeline
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.base import Cond, DiffusionAdapter, posterior_latents
 from sanarl.models.multi_encoder import check_t5_prompt_length, load_multi_encoder_pipeline
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
@@ -87,7 +92,11 @@ class FluxAdapter(DiffusionAdapter):
     def __init__(self, pipeline: FluxPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()
         self._bind(pipeline, policy, device)
+        self.pipeline_grid = (
+            "linspace"  # FluxPipeline passes sigmas = linspace(1, 1/N, N), shifted by exp(mu)
+        )
         self.text_encoders = nn.ModuleList([getattr(pipeline, n) for n in TEXT_ENCODERS])
+        self.latent_sampling = policy.diffusers.vae_latents == "sample"
         self.guidance = float(policy.diffusers.sample.guidance_scale)
         self.guidance_embeds = bool(pipeline.transformer.config.guidance_embeds)
         default_size = pipeline.default_sample_size * pipeline.vae_scale_factor
@@ -150,7 +159,7 @@ class FluxAdapter(DiffusionAdapter):
         g = torch.full((batch,), guidance, device=x.device) if self.guidance_embeds else None
         out = module(
             hidden_states=pack(x).to(dtype),
-            timestep=s.to(dtype),
+            timestep=(self.model_time(s) / 1000.0 if self.integer_timesteps else s).to(dtype),
             guidance=g,
             pooled_projections=cond.pooled.to(dtype),
             encoder_hidden_states=cond.embeds.to(dtype),
@@ -161,13 +170,15 @@ class FluxAdapter(DiffusionAdapter):
         return unpack(out, height, width)
 
     @torch.no_grad()
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 3, H, W] in [0, 1] -> z [B, C, H/f, W/f] = (mode(E(2x - 1)) - shift) * scale (float32)."""
+    def encode_images(self, images: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """images [B, 3, H, W] in [0, 1] -> z [B, C, H/f, W/f] = (E(2x - 1) - shift) * scale (float32); E is the
+        posterior draw mean + std noise with `noise` (when `latent_sampling`, as diffusers' FLUX training scripts
+        sample), else its mean."""
         cfg = self.vae.config
         x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
         with self.resident(self.vae):
-            mean = self.vae.encode(x).latent_dist.mode().float()
-        return (mean - cfg.shift_factor) * cfg.scaling_factor
+            dist = self.vae.encode(x).latent_dist
+        return (posterior_latents(dist, noise, self.latent_sampling) - cfg.shift_factor) * cfg.scaling_factor
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,7 @@ class SanaAdapter(DiffusionAdapter):
             x.to(dtype),
             encoder_hidden_states=cond.embeds.to(dtype),
             encoder_attention_mask=cond.mask,
-            timestep=1000.0 * s * scale,
+            timestep=self.model_time(s) * scale,
             return_dict=False,
         )[0]
         if self.transformer.config.out_channels // 2 == self.transformer.config.in_channels:

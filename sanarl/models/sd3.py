@@ -14,7 +14,10 @@ What `StableDiffusion3Pipeline.__call__` does, restated in sanarl's convention (
   encoder's posterior `mean + std eps` as the references (training tasks pass eps from the step's seeded generator,
   so resume and micro-batch splits stay exact); without `noise`, or with `policy.diffusers.vae_latents = "mode"`,
   E is the posterior mean.
-- Grid shift: the scheduler's `shift` (3.0 for SD3.5), applied once to the sigma grid.
+- Grid: the pipeline called without `sigmas` samples on `FlowMatchEulerDiscreteScheduler.set_timesteps(N)`, which
+  spaces N levels between the ends of its already shifted training table and shifts them again (the base class's
+  `pipeline_grid` "flow_match_euler", sanarl.core.flow.flow_match_euler_grid); shift = the scheduler's `shift`
+  (3.0 for SD3.5). flow_grpo, DiffusionNFT and Sol-RL sample SD3.5 on the same grid.
 - SD3.5-Medium vs SD3.5-Large (docs/sd35.md): the same pipeline class and adapter. Medium's MMDiT has dual-attention
   blocks (`dual_attention_layers` 0-12: a second, image-only attention `attn2` per block), Large has none (38 plain
   joint-attention blocks, width 2432); everything here reads the loaded config, never the block layout. Skip-layer
@@ -31,7 +34,7 @@ from diffusers import StableDiffusion3Pipeline
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.models.base import Cond, DiffusionAdapter, posterior_latents
 from sanarl.models.multi_encoder import (
     check_t5_prompt_length,
     load_multi_encoder_pipeline,
@@ -98,7 +101,7 @@ class SD3Adapter(DiffusionAdapter):
             hidden_states=x.to(dtype),
             encoder_hidden_states=cond.embeds.to(dtype),
             pooled_projections=cond.pooled.to(dtype),
-            timestep=1000.0 * s,
+            timestep=self.model_time(s),
             return_dict=False,
         )[0]
 
@@ -110,9 +113,7 @@ class SD3Adapter(DiffusionAdapter):
         x = (2.0 * images - 1.0).to(self.device, self.vae.dtype)
         with self.resident(self.vae):
             dist = self.vae.encode(x).latent_dist
-        z = dist.mean.float()
-        if noise is not None and self.latent_sampling:
-            z = z + dist.std.float() * noise.to(z.device, torch.float32)
+        z = posterior_latents(dist, noise, self.latent_sampling)
         return (z - (cfg.shift_factor or 0.0)) * cfg.scaling_factor
 
     @torch.no_grad()

@@ -9,15 +9,14 @@ from dataclasses import dataclass
 import torch
 
 from sanarl.config.schema import SampleConfig
-from sanarl.core.flow import sigma_grid
 from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
 
 
 @dataclass
 class GenerationSpec:
-    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W], whether the grid is
-    shifted."""
+    """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W] and the grid's name
+    (`sanarl.core.flow.SIGMA_GRIDS`; None = the adapter's pipeline grid)."""
 
     num_steps: int
     guidance_scale: float
@@ -26,14 +25,8 @@ class GenerationSpec:
     shift: float
     height: int
     width: int
-    grid_shift: bool = True
-
-    def sigmas(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """The sampling grid `[num_steps + 1]`, 1 down to 0: the model's grid shifted by `shift`, or with
-        `grid_shift = False` the uniform linspace(1, 0, N + 1) (Sol-RL's SANA sampler), float32."""
-        if self.grid_shift:
-            return sigma_grid(self.num_steps, self.shift, device=device)
-        return torch.linspace(1.0, 0.0, self.num_steps + 1, dtype=torch.float32, device=device)
+    grid: str | None = None
+    integer_timesteps: bool = False
 
     @classmethod
     def from_sample_config(
@@ -55,8 +48,13 @@ class GenerationSpec:
             shift=sample.flow_shift if sample.flow_shift is not None else adapter.shift_for(*size),
             height=size[0],
             width=size[1],
-            grid_shift=sample.grid_shift,
+            grid=adapter.grid_name(sample.sigma_grid),
+            integer_timesteps=sample.integer_timesteps,
         )
+
+    def sigmas(self, adapter: DiffusionAdapter, *, device: torch.device | str | None = None) -> torch.Tensor:
+        """The [N + 1] grid of this spec: rollouts, the levels NFT trains and the steps Flow-GRPO trains use it."""
+        return adapter.sigmas(self.num_steps, self.shift, self.grid, device=device)
 
 
 @torch.no_grad()
@@ -75,23 +73,26 @@ def generate_latents(
     `module` samples with another copy of the transformer (default: the trained one, its active adapter)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
-    sigmas = spec.sigmas(device=adapter.device)
+    sigmas = spec.sigmas(adapter, device=adapter.device)
     if spec.guidance_scale != 1.0 and uncond is None and adapter.cfg_batch:
         uncond = adapter.encode_prompts([""])
 
     def velocity(x_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return adapter.guided_velocity(x_t, s, cond, uncond, spec.guidance_scale, module)
 
-    return sample_loop(
-        velocity,
-        x,
-        sigmas,
-        solver=spec.solver,
-        eta=spec.eta,
-        generators=generators,
-        return_trajectory=return_trajectory,
-        window=window,
-    )
+    with adapter.truncated_timesteps(
+        spec.integer_timesteps
+    ):  # the model's timestep only; steps keep the float s
+        return sample_loop(
+            velocity,
+            x,
+            sigmas,
+            solver=spec.solver,
+            eta=spec.eta,
+            generators=generators,
+            return_trajectory=return_trajectory,
+            window=window,
+        )
 
 
 @torch.no_grad()

@@ -179,6 +179,7 @@ def _diffusers(adapter, guidance: float) -> torch.Tensor:
 @pytest.mark.parametrize("guidance", [1.0, 3.5])
 def test_final_latents_match_the_pipeline(flux, guidance):
     ours, theirs = _sanarl(flux, guidance), _diffusers(flux, guidance)
+    assert flux.grid_name() == "linspace"  # FluxPipeline passes sigmas = linspace(1, 1/N, N) itself
     assert ours.shape == theirs.shape == (3, 4, 8, 8)
     assert (ours - theirs).abs().max().item() < TOLERANCE
     assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # different seeds, different samples
@@ -200,6 +201,28 @@ def test_latents_are_the_vae_mode_shifted_and_scaled(flux):
         vae.decode(z / 0.3611 + 0.1159).sample, output_type="pt"
     )
     torch.testing.assert_close(flux.decode(z), pipe_images, atol=1e-6, rtol=0)
+
+
+def test_training_latents_sample_the_posterior_as_diffusers_flux_scripts(flux):
+    """diffusers' FLUX training scripts encode with `latent_dist.sample()`: z = (mean + std eps - shift) * scale
+    with eps from the training step's seeded generator; `vae_latents = "mode"` gives the mean."""
+    from sanarl.methods.sft.task import draw_vae_noise, encode_media
+
+    images = torch.rand(2, 3, 32, 32)
+    dist = flux.vae.encode(2 * images - 1).latent_dist
+    assert flux.latent_sampling  # the default, vae_latents = "sample"
+    drawn = draw_vae_noise(flux, 2, flux.latent_shape(32, 32), torch.Generator().manual_seed(0))
+    z = encode_media(flux, images, drawn)
+    torch.testing.assert_close(z, (dist.mean + dist.std * drawn["vae_noise"] - 0.1159) * 0.3611)
+    assert not torch.allclose(z, flux.encode_images(images))
+    policy = PolicyConfig(model_name_or_path="sanarl-tiny:flux")
+    policy.diffusers.max_prompt_length = LENGTH
+    policy.diffusers.vae_latents = "mode"
+    mode = load_adapter(policy)
+    assert draw_vae_noise(mode, 2, mode.latent_shape(32, 32), torch.Generator()) == {}
+    torch.testing.assert_close(
+        mode.encode_images(images, noise=drawn["vae_noise"]), (dist.mean - 0.1159) * 0.3611
+    )
 
 
 def test_latent_shape_and_sizes_the_model_cannot_take(flux):

@@ -102,3 +102,44 @@ def test_every_sample_trains_steps_zero_to_int_n_frac_minus_one(tmp_path):
     )
     assert trained == sorted((float(task.sigmas[i]), float(task.sigmas[i + 1])) for i in (0, 1))
     assert all(len(set(b["s"].tolist())) == 1 for b in batches)  # one grid step per micro-batch
+
+
+CPS_ALL_STEPS = (
+    "policy.diffusers.sample.solver=cps",
+    "policy.diffusers.timesteps_fraction=1.0",
+    "train.train_policy.kl_beta=0",
+)
+
+
+def test_cps_trains_n_minus_one_steps_and_flow_grpos_n_with_cps_train_last_step(tmp_path):
+    """flow_grpo with CPS and timesteps_fraction 1 trains all N steps: the last one (s' = 0, deterministic) has
+    zero gradient on-policy but counts in the accumulation divisor. sanarl trains N - 1 by default and all N with
+    `cps_train_last_step` (docs/algorithms.md, "Deliberate differences")."""
+    default = one_block_task(tmp_path / "a", *CPS_ALL_STEPS)
+    batches = default.micro_batches(0, step_generator(42, 0, 0))
+    assert {float(n) for b in batches for n in b["s_next"]} == {float(v) for v in default.sigmas[1:-1]}
+    task = one_block_task(tmp_path / "b", *CPS_ALL_STEPS, "train.train_policy.cps_train_last_step=true")
+    every = task.micro_batches(0, step_generator(42, 0, 0))
+    assert len(every) * 3 == len(batches) * 4  # N = 4 trained steps per sample instead of N - 1 = 3
+    last = [b for b in every if float(b["s_next"][0]) == 0.0]
+    assert len(last) == len(every) // 4
+    params = [p for n, p in task.adapter.trainable_module().named_parameters() if "lora_" in n]
+    for batch in last:
+        loss, _ = task.objective(batch, step_generator(42, 0, 0))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        assert all(
+            g is None or g.abs().max() == 0 for g in grads
+        )  # on-policy: -(x' - mu)^2 is at its maximum
+    first, _ = task.objective(every[0], step_generator(42, 0, 0))
+    assert any(g.abs().max() > 0 for g in torch.autograd.grad(first, params) if g is not None)
+
+
+def test_cps_train_last_step_needs_cps_and_no_kl(tmp_path):
+    from sanarl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cps_train_last_step"):
+        load_config(
+            PRESET, [*CPS_ALL_STEPS[:2], "train.train_policy.cps_train_last_step=true"]
+        )  # kl_beta 0.04
+    with pytest.raises(ConfigError, match="solver = 'cps'"):
+        load_config(PRESET, ["train.train_policy.cps_train_last_step=true", "train.train_policy.kl_beta=0"])

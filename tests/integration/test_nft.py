@@ -332,14 +332,14 @@ def test_decay_type_3_moves_the_old_adapter_by_sol_rls_custom_ramp(tmp_path):
 
 
 def test_unshifted_grid_samples_on_linspace(tmp_path):
-    """`sample.grid_shift = false` (Sol-RL's SANA sampler): the rollout latents are the Euler loop over
+    """`sample.sigma_grid = "uniform"` (Sol-RL's SANA sampler): the rollout latents are the Euler loop over
     linspace(1, 0, N + 1) from the seed's noise, whatever the model's flow shift."""
     from sanarl.core.samplers import initial_noise
     from sanarl.training.sampling import generate_latents
 
     engine = api.train(
         loaded(
-            tmp_path, "policy.diffusers.sample.grid_shift=false", "policy.diffusers.sample.flow_shift=3.0"
+            tmp_path, "policy.diffusers.sample.sigma_grid=uniform", "policy.diffusers.sample.flow_shift=3.0"
         ),
         SHAPES,
         dry_run=True,

@@ -1,9 +1,11 @@
 """sanarl's Euler sampling loop reproduces diffusers' `SanaPipeline.__call__` on the tiny SANA models.
 
-Oracle: the pipeline itself, fed the adapter's prompt embeddings, the same per-sample seeds
-(`generator=[Generator().manual_seed(s), ...]`), `sigmas = linspace(1, 1/N, N)` (its scheduler shifts them once,
-which is `sanarl.core.flow.sigma_grid(N, shift)`), CFG with the uncond = encoding of "" (pipeline: w > 1), and
-`output_type="latent"`. The benchmark `benchmarks/bench_sampler.py` runs the same comparison at full size.
+Oracle: the pipeline itself called the way a user calls it, with its own defaults (no `sigmas`, no `timesteps`: its
+scheduler's `set_timesteps(N)` grid), fed the adapter's prompt embeddings, the same per-sample seeds
+(`generator=[Generator().manual_seed(s), ...]`), CFG with the uncond = encoding of "" (pipeline: w > 1), and
+`output_type="latent"`. A second comparison passes `sigmas = linspace(1, 1/N, N)` to the pipeline and
+`sample.sigma_grid = "linspace"` to sanarl. The benchmark `benchmarks/bench_sampler.py` runs the same comparison
+at full size.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def adapter(request):
     return _adapter(request.param)
 
 
-def _sanarl(adapter, guidance: float) -> torch.Tensor:
-    """Final latents [B, C, h, w] from sanarl's loop; one prompt, one seed per row."""
+def _sanarl(adapter, guidance: float, grid: str | None = None) -> torch.Tensor:
+    """Final latents [B, C, h, w] from sanarl's loop on `grid` (None: the adapter's default); one prompt, one seed
+    per row."""
     spec = GenerationSpec(
         num_steps=STEPS,
         guidance_scale=guidance,
@@ -60,14 +63,16 @@ def _sanarl(adapter, guidance: float) -> torch.Tensor:
         shift=adapter.default_shift,
         height=SIZE,
         width=SIZE,
+        grid=grid,
     )
     cond = adapter.encode_prompts([PROMPT] * len(SEEDS))
     uncond = adapter.encode_prompts([""]) if guidance != 1.0 else None
     return generate_latents(adapter, cond, SEEDS, spec, uncond=uncond).latents
 
 
-def _diffusers(adapter, guidance: float) -> torch.Tensor:
-    """Final latents [B, C, h, w] from `SanaPipeline.__call__` with the adapter's embeddings."""
+def _diffusers(adapter, guidance: float, **explicit) -> torch.Tensor:
+    """Final latents [B, C, h, w] from `SanaPipeline.__call__` with the adapter's embeddings and the pipeline's
+    defaults, plus `explicit` arguments (e.g. sigmas)."""
     cond = adapter.encode_prompts([PROMPT] * len(SEEDS))
     extra = {}
     if guidance > 1.0:
@@ -81,7 +86,6 @@ def _diffusers(adapter, guidance: float) -> torch.Tensor:
         prompt_attention_mask=cond.mask,
         negative_prompt=None,
         num_inference_steps=STEPS,
-        sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)),
         guidance_scale=guidance,
         height=SIZE,
         width=SIZE,
@@ -89,16 +93,29 @@ def _diffusers(adapter, guidance: float) -> torch.Tensor:
         output_type="latent",
         use_resolution_binning=False,
         **extra,
+        **explicit,
     ).images
 
 
 def test_grid_is_the_pipeline_schedulers_grid(adapter):
-    """The scheduler's sigmas after `set_timesteps(sigmas=linspace(1, 1/N, N))` are sanarl's grid."""
+    """The scheduler's sigmas after `set_timesteps(N)` (what the pipeline calls without sigmas) are sanarl's grid;
+    after `set_timesteps(sigmas=linspace(1, 1/N, N))` they are the "linspace" grid."""
     from sanarl.core.flow import sigma_grid
 
     sched = adapter.pipeline.scheduler
+    assert adapter.grid_name() == "flow_match_euler"
+    sched.set_timesteps(STEPS)
+    torch.testing.assert_close(sched.sigmas, adapter.sigmas(STEPS, adapter.default_shift), atol=0, rtol=0)
     sched.set_timesteps(sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)))
     torch.testing.assert_close(sched.sigmas, sigma_grid(STEPS, adapter.default_shift), atol=1e-6, rtol=0)
+
+
+def test_explicit_linspace_sigmas_match_the_linspace_grid(adapter):
+    """`sample.sigma_grid = "linspace"` is the pipeline given `sigmas = linspace(1, 1/N, N)`."""
+    ours = _sanarl(adapter, 1.0, grid="linspace")
+    theirs = _diffusers(adapter, 1.0, sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)))
+    assert (ours - theirs).abs().max().item() < TOLERANCE
+    assert (ours - _sanarl(adapter, 1.0)).abs().max().item() > 100 * TOLERANCE  # the grid really differs
 
 
 @pytest.mark.parametrize("guidance", [1.0, 4.5])

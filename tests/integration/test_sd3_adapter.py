@@ -3,9 +3,10 @@ shapes: oracles are diffusers' own
 `StableDiffusion3Pipeline` (encode_prompt, __call__, VAE) and hand computations; then every task runs one step on it
 through `sanarl.api.train` with no family-specific code, and its exports load back into diffusers.
 
-Sampler oracle as in test_sampler_matches_diffusers.py: the pipeline fed the same prompt text, the same per-sample
-seeds, `sigmas = linspace(1, 1/N, N)` (its scheduler shifts them once by 3.0, which is sanarl's grid), CFG against
-"" (pipeline: guidance_scale > 1), `output_type="latent"`.
+Sampler oracle as in test_sampler_matches_diffusers.py: the pipeline called with its own defaults (no `sigmas`: its
+scheduler's `set_timesteps(N)` grid, which shifts the already shifted table ends a second time), fed the same prompt
+text, the same per-sample seeds, CFG against "" (pipeline: guidance_scale > 1), `output_type="latent"`; and once with
+explicit `sigmas = linspace(1, 1/N, N)` against sanarl's `sample.sigma_grid = "linspace"`.
 """
 
 from __future__ import annotations
@@ -134,33 +135,79 @@ def test_velocity_is_the_mmdit_at_timestep_1000_s_with_pooled_projections(sd3):
     assert (other - direct).abs().max() > 1e-3  # the pooled embedding is really used
 
 
-def _sanarl(adapter, guidance: float) -> torch.Tensor:
-    spec = GenerationSpec(STEPS, guidance, "euler", 0.0, adapter.default_shift, 32, 32)
+def _sanarl(adapter, guidance: float, grid: str | None = None) -> torch.Tensor:
+    spec = GenerationSpec(STEPS, guidance, "euler", 0.0, adapter.default_shift, 32, 32, grid)
     cond = adapter.encode_prompts([PROMPTS[0]] * len(SEEDS))
     return generate_latents(adapter, cond, SEEDS, spec).latents
 
 
-def _diffusers(adapter, guidance: float) -> torch.Tensor:
+def _diffusers(adapter, guidance: float, **explicit) -> torch.Tensor:
+    """`StableDiffusion3Pipeline.__call__` with its defaults (plus `explicit` arguments)."""
     return adapter.pipeline(
         prompt=[PROMPTS[0]] * len(SEEDS),
         num_inference_steps=STEPS,
-        sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)),
         guidance_scale=guidance,
         height=32,
         width=32,
         max_sequence_length=LENGTH,
         generator=[torch.Generator().manual_seed(s) for s in SEEDS],
         output_type="latent",
+        **explicit,
     ).images
 
 
 @pytest.mark.parametrize("guidance", [1.0, 4.5])
 def test_final_latents_match_the_pipeline(sd3, guidance):
     ours, theirs = _sanarl(sd3, guidance), _diffusers(sd3, guidance)
-    assert sd3.default_shift == 3.0
+    assert sd3.default_shift == 3.0 and sd3.grid_name() == "flow_match_euler"
     assert ours.shape == theirs.shape == (3, 4, 8, 8)
     assert (ours - theirs).abs().max().item() < 1e-5
     assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # different seeds, different samples
+
+
+def test_explicit_linspace_sigmas_match_the_linspace_grid(sd3):
+    linspace = list(np.linspace(1.0, 1.0 / STEPS, STEPS))
+    ours, theirs = _sanarl(sd3, 1.0, "linspace"), _diffusers(sd3, 1.0, sigmas=linspace)
+    assert (ours - theirs).abs().max().item() < 1e-5
+    assert (ours - _sanarl(sd3, 1.0)).abs().max().item() > 1e-3  # the two grids really differ
+
+
+def test_integer_timesteps_while_sampling_and_the_float_in_training(sd3):
+    """`sample.integer_timesteps`: the MMDiT sees DiffusionNFT's `torch.full(.., sigma * 1000, dtype=long)` at every
+    sampling step (Euler on the float grid, re-derived below), and the float 1000 s in a training forward."""
+    from sanarl.core.samplers import initial_noise
+
+    seen: list[torch.Tensor] = []
+    hook = sd3.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["timestep"].clone()), with_kwargs=True
+    )
+    cond = sd3.encode_prompts([PROMPTS[0]] * len(SEEDS))
+    spec = GenerationSpec(STEPS, 1.0, "euler", 0.0, 3.0, 32, 32, integer_timesteps=True)
+    try:
+        ours = generate_latents(sd3, cond, SEEDS, spec).latents
+        sampled, seen[:] = list(seen), []
+        s = torch.tensor([0.6789] * len(SEEDS))
+        sd3.velocity(torch.randn(3, 4, 8, 8), s, cond)
+        trained = seen[0]
+    finally:
+        hook.remove()
+    sigmas = _pipeline_grid(sd3, STEPS).float()
+    x, _ = initial_noise((4, 8, 8), SEEDS)
+    for i, sigma in enumerate(sigmas[:-1]):
+        t = torch.full([len(SEEDS)], sigma * 1000, dtype=torch.long)
+        assert torch.equal(sampled[i], t.float())
+        v = sd3.transformer(
+            hidden_states=x,
+            timestep=t,
+            encoder_hidden_states=cond.embeds,
+            pooled_projections=cond.pooled,
+            return_dict=False,
+        )[0]
+        x = x + v * (sigmas[i + 1] - sigma)
+    torch.testing.assert_close(ours, x, atol=1e-6, rtol=0)
+    assert torch.equal(trained, 1000.0 * s) and trained[0].item() != int(trained[0].item())
+    assert not sd3.integer_timesteps  # restored after sampling
+    assert (ours - _sanarl(sd3, 1.0)).abs().max().item() > 1e-6  # the float timesteps really differ
 
 
 def test_guidance_changes_the_sample(sd3):
@@ -303,6 +350,29 @@ def test_nft_iteration_trains_the_default_adapter(tmp_path, tiny):
     # every adapter moved but one: the last MMDiT block drops its text stream (context_pre_only), so its text
     # queries reach no output and get exactly zero gradient
     assert len(lora_b) == 15 and still == ["transformer_blocks.1.attn.add_q_proj.lora_B.default.weight"]
+    # rollout, preview and trained levels all on the pipeline's grid: set_timesteps(N) of the model's scheduler
+    task = outcome.task
+    grid = _pipeline_grid(task.adapter, task.engine.spec.num_steps)
+    for spec in (task.engine.spec, task.engine.preview_spec):
+        assert spec.grid == "flow_match_euler"
+    assert torch.equal(task.engine.spec.sigmas(task.adapter).cpu(), grid)
+    n = sum(len(g.seeds) for g in task.last_groups)
+    batches = task._training_batches(
+        task.last_groups, torch.zeros(n), torch.ones(n, dtype=torch.bool), _rng()
+    )
+    trained = {float(t) for b in batches for t in b["t"]}
+    assert trained <= {float(v) for v in grid[:-1]} and len(trained) > 1
+
+
+def _pipeline_grid(adapter, steps: int) -> torch.Tensor:
+    """The sigmas the model's own scheduler sets for `steps` (the pipeline's default call)."""
+    sched = type(adapter.pipeline.scheduler).from_config(adapter.pipeline.scheduler.config)
+    sched.set_timesteps(steps)
+    return sched.sigmas
+
+
+def _rng() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "diffusionnft"])
@@ -315,6 +385,8 @@ def test_nft_rollout_families_on_the_large_shape(tmp_path, monkeypatch, family):
 
 def test_flow_grpo_iteration_with_cfg(tmp_path, tiny):
     outcome = _train("sd3-grpo.toml", tmp_path, SHAPES, tiny)
+    task = outcome.task  # rollout steps and re-evaluated log-probs on the pipeline's grid
+    assert torch.equal(task.sigmas.cpu(), _pipeline_grid(task.adapter, task.spec.num_steps))
     from sanarl.core.lora import adapter_parameters
 
     _finite_records(tmp_path, 1)

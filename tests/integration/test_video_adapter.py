@@ -1,9 +1,9 @@
 """The SANA-Video adapter on the tiny random-init SANA-Video (Wan VAE): sampling equals `SanaVideoPipeline.__call__`,
 the latent normalisation is the pipeline's, latent shapes follow the frame rule, and the export reloads in diffusers.
 
-Oracle for sampling: the pipeline itself, fed the adapter's prompt embeddings, the same per-sample seeds, `sigmas =
-linspace(1, 1/N, N)` (shifted once by its scheduler = `sigma_grid(N, shift)`), CFG with the encoding of "" as the
-negative prompt, and `output_type="latent"` (as tests/integration/test_sampler_matches_diffusers.py does for images).
+Oracle for sampling: the pipeline itself with its own defaults (no `sigmas`: its scheduler's `set_timesteps(N)`
+grid), fed the adapter's prompt embeddings, the same per-sample seeds, CFG with the encoding of "" as the negative
+prompt, and `output_type="latent"` (as tests/integration/test_sampler_matches_diffusers.py does for images).
 """
 
 from __future__ import annotations
@@ -73,7 +73,6 @@ def _diffusers(adapter, guidance: float, output_type: str = "latent"):
         prompt_attention_mask=cond.mask,
         negative_prompt=None,
         num_inference_steps=STEPS,
-        sigmas=list(np.linspace(1.0, 1.0 / STEPS, STEPS)),
         guidance_scale=guidance,
         height=SIZE,
         width=SIZE,
@@ -88,6 +87,7 @@ def _diffusers(adapter, guidance: float, output_type: str = "latent"):
 @pytest.mark.parametrize("guidance", [1.0, 4.5])
 def test_final_latents_match_the_pipeline(adapter, guidance):
     ours, theirs = _sanarl(adapter, guidance), _diffusers(adapter, guidance)
+    assert adapter.grid_name() == "flow_match_euler"
     assert ours.shape == theirs.shape == (len(SEEDS), 4, 3, 4, 4)  # C=4, T'=(9-1)//4+1, 32/8
     assert (ours - theirs).abs().max().item() < TOLERANCE
     assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # not vacuous: seeds differ

@@ -14,7 +14,11 @@ from sanarl.training.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "sanarl" / "presets"
-ADAPTER = SimpleNamespace(default_shift=3.0, shift_for=lambda height, width: 3.0)
+ADAPTER = SimpleNamespace(
+    default_shift=3.0,
+    shift_for=lambda height, width: 3.0,
+    grid_name=lambda requested=None: requested or "flow_match_euler",
+)
 
 
 def load_config(path: Path, overrides: list[str] = ()):
@@ -170,3 +174,17 @@ def test_several_updates_per_rollout_take_whole_sample_chunks():
         assert all(sorted(b["level"] for b in part if b["chunk"] == c) == [0, 1, 2] for c in chunks)
     assert sorted(b["chunk"] for p in parts for b in p) == sorted(b["chunk"] for b in batches)
     assert split_updates(batches, 1, torch.Generator()) == [batches]
+
+
+def test_integer_timesteps_follow_diffusionnft_on_sd35_and_flow_grpo_refuses_them():
+    """DiffusionNFT's and Sol-RL's SD3 samplers feed trunc(1000 s); flow_grpo the float (docs/algorithms.md)."""
+    from sanarl.errors import ConfigError
+
+    for preset in ("sd35m-nft", "sd35l-nft", "sd35l-nft-sol_rl", "sd35l-nft-naive_quant"):
+        assert load_config(PRESETS / f"{preset}.toml").policy.diffusers.sample.integer_timesteps
+    for preset in ("sd35m-grpo", "flux1-nft", "sana-image-nft", "tiny-shapes-nft"):
+        assert not load_config(PRESETS / f"{preset}.toml").policy.diffusers.sample.integer_timesteps
+    sample = load_config(PRESETS / "sd35m-nft.toml").policy.diffusers.sample
+    assert GenerationSpec.from_sample_config(sample, ADAPTER, [512, 512], evaluation=True).integer_timesteps
+    with pytest.raises(ConfigError, match="integer_timesteps = true"):
+        load_config(PRESETS / "tiny-shapes-grpo.toml", ["policy.diffusers.sample.integer_timesteps=true"])

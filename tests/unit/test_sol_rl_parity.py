@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sanarl.config import load_config
+from sanarl.core.flow import grid
 from sanarl.core.selection import select_indices
 from sanarl.errors import ConfigError
 from sanarl.training.ema import old_weight_decay
@@ -122,18 +123,24 @@ def test_sol_rl_sana_presets_sample_on_the_unshifted_grid():
     Cosmos-RL SANA preset keeps the scheduler's shifted grid."""
     from sanarl.training.sampling import GenerationSpec
 
-    class _Adapter:
+    class _Adapter:  # a SANA adapter's grid choice: its pipeline samples on the scheduler's own grid
         def shift_for(self, height, width):
             return 3.0
 
+        def grid_name(self, requested=None):
+            return requested or "flow_match_euler"
+
+        def sigmas(self, num_steps, shift, grid_name=None, *, device=None):
+            return grid(self.grid_name(grid_name), num_steps, shift, num_train_timesteps=1000, device=device)
+
     for name in SOL_RL_SANA:
         sample = load_config(PRESETS / f"{name}.toml").config.policy.diffusers.sample
-        assert sample.grid_shift is False, name
+        assert sample.sigma_grid == "uniform", name
         for evaluation, steps in ((False, 10), (True, 40)):
             spec = GenerationSpec.from_sample_config(sample, _Adapter(), [1024, 1024], evaluation=evaluation)
             expected = torch.tensor([1.0 - i / steps for i in range(steps + 1)])
-            torch.testing.assert_close(spec.sigmas(), expected, atol=1e-7, rtol=0)
+            torch.testing.assert_close(spec.sigmas(_Adapter()), expected, atol=1e-7, rtol=0)
     cosmos = load_config(PRESETS / "sana-image-nft.toml").config.policy.diffusers.sample
-    assert cosmos.grid_shift is True
+    assert cosmos.sigma_grid is None
     spec = GenerationSpec.from_sample_config(cosmos, _Adapter(), [1024, 1024], evaluation=False)
-    assert spec.sigmas()[1].item() > 0.95  # shift 3: 3 * 0.9 / (1 + 2 * 0.9) = 0.964
+    assert spec.sigmas(_Adapter())[1].item() > 0.95  # shift 3: 3 * 0.9 / (1 + 2 * 0.9) = 0.964

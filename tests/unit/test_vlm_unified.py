@@ -142,6 +142,27 @@ def test_in_process_batch_equals_one_by_one(judge):
     assert torch.equal(judge.score(x, PROMPTS)["unified_reward"], unified.scores_of(batch)["unified_reward"])
 
 
+def test_in_process_decoding_greedy_or_the_checkpoints_generation_config(judge, monkeypatch):
+    """Greedy by default (as the endpoint requests at temperature 0); decoding = "generation_config" leaves the
+    sampling settings to the checkpoint's generation config, as a plain transformers `generate` call."""
+    calls: list[dict] = []
+    original = judge.model.generate
+
+    def recording(**kwargs):
+        calls.append({k: v for k, v in kwargs.items() if k in ("do_sample", "max_new_tokens")})
+        return original(**kwargs)
+
+    monkeypatch.setattr(judge.model, "generate", recording)
+    uint8 = (images(1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    greedy = judge.generate(uint8, [judge.text_of(PROMPTS[0])])
+    monkeypatch.setattr(judge, "decoding", "generation_config")
+    monkeypatch.setattr(judge.model.generation_config, "do_sample", False)  # tiny checkpoint: greedy too
+    assert judge.generate(uint8, [judge.text_of(PROMPTS[0])]) == greedy
+    assert calls == [{"max_new_tokens": 6, "do_sample": False}, {"max_new_tokens": 6}]
+    with pytest.raises(ConfigError, match="decoding='beam'"):
+        build_reward("unified_reward", decoding="beam")
+
+
 def test_endpoint_answers_equal_in_process_answers(judge):
     x = images()
 

@@ -33,6 +33,18 @@ def validate(cfg: Config) -> None:
             "noise_level > 0 (e.g. 0.7)."
         )
     check_rollout_family(cfg)
+    if sample.integer_timesteps:
+        raise ConfigError(
+            "policy.diffusers.sample.integer_timesteps = true is DiffusionNFT's / Sol-RL's rollout convention; "
+            "flow_grpo feeds the float timestep in rollout and training alike (its log-prob ratios need the same "
+            "model call in both): set it to false."
+        )
+    if tp.cps_train_last_step and (sample.solver != "cps" or tp.kl_beta > 0):
+        raise ConfigError(
+            f"train.train_policy.cps_train_last_step = true trains CPS's deterministic last step (flow_grpo's "
+            f"divisor); it needs policy.diffusers.sample.solver = 'cps' (got {sample.solver!r}) and "
+            f"train.train_policy.kl_beta = 0 (got {tp.kl_beta}: the KL divides by that step's std, 0)."
+        )
     if tp.clip_range <= 0 or tp.ratio_warn_tolerance < 0:
         raise ConfigError(
             f"train.train_policy.clip_range = {tp.clip_range} must be > 0 and ratio_warn_tolerance = "

@@ -135,7 +135,7 @@ class FlowGRPOTask(GroupRLTask):
         super().setup_model()
         sample = self.view.diffusers.sample
         self.spec = replace(self.engine.spec, solver=sample.solver, eta=sample.noise_level)
-        self.sigmas = self.spec.sigmas()
+        self.sigmas = self.spec.sigmas(self.adapter)
         if not self.uses_lora and self.view.train_policy.kl_beta > 0:
             self.reference = copy.deepcopy(self.adapter.trainable_module()).requires_grad_(False).eval()
 
@@ -194,7 +194,9 @@ class FlowGRPOTask(GroupRLTask):
     def _trained_positions(self, steps: list[int], rng: torch.Generator) -> list[int]:
         """Positions j (into the stored `steps`) every sample of the rollout trains, ascending."""
         return trained_positions(
-            trainable_positions(steps, self.sigmas, self.spec.solver),
+            trainable_positions(
+                steps, self.sigmas, self.spec.solver, cps_last_step=self.view.train_policy.cps_train_last_step
+            ),
             self.spec.num_steps,
             self.view.diffusers.timesteps_fraction,
             windowed=self.view.train_policy.sde_window_size > 0,
@@ -402,7 +404,8 @@ def _trained_plan(v: GroupRLView) -> tuple[int, str]:
         tp.sde_window_size > 0
     ):  # every window step is random (cps windows exclude the deterministic last step)
         return tp.sde_window_size, "every window step"
-    candidates = sample.num_steps - int(sample.solver == "cps")  # cps's last step to s' = 0 is deterministic
+    # cps's last step to s' = 0 is deterministic: trained only with cps_train_last_step (as flow_grpo)
+    candidates = sample.num_steps - int(sample.solver == "cps" and not tp.cps_train_last_step)
     fraction, n = v.diffusers.timesteps_fraction, sample.num_steps
     count = min(candidates, trained_count(n, fraction, False))
     return (

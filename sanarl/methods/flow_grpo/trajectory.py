@@ -42,10 +42,13 @@ def sde_window(
     return start, start + size
 
 
-def trainable_positions(steps: list[int], sigmas: torch.Tensor, solver: str) -> list[int]:
+def trainable_positions(
+    steps: list[int], sigmas: torch.Tensor, solver: str, *, cps_last_step: bool = False
+) -> list[int]:
     """Positions j of the stored steps whose transition is random: all for flow_sde; for cps all but a step that
-    lands on s' = 0 (its std s' sin(eta pi / 2) is 0, the step is deterministic and has no log-prob)."""
-    if solver == "flow_sde":
+    lands on s' = 0 (its std s' sin(eta pi / 2) is 0, the step is deterministic and its rollout log-prob 0),
+    unless `cps_last_step` (flow_grpo trains it too, `train_policy.cps_train_last_step`)."""
+    if solver == "flow_sde" or cps_last_step:
         return list(range(len(steps)))
     return [j for j, i in enumerate(steps) if float(sigmas[i + 1]) > 0]
 
@@ -82,7 +85,7 @@ def sample_trajectories(
     keeps the trajectory of the stochastic steps on CPU and can share one initial noise per group.
     """
     shape = adapter.latent_shape(spec.height, spec.width)
-    sigmas = spec.sigmas(device=adapter.device)
+    sigmas = spec.sigmas(adapter, device=adapter.device)
     a, b = window if window is not None else (0, spec.num_steps)
     shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
     finals, states, log_probs, initial = [], [], [], []

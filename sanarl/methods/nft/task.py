@@ -91,7 +91,7 @@ class NFTTask(GroupRLTask):
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(keep.nonzero().squeeze(1))
         adv = adv[keep]
         num_steps = self.engine.spec.num_steps
-        levels = self.engine.spec.sigmas()[:-1]
+        levels = self.engine.spec.sigmas(self.adapter)[:-1]  # the rollout's own grid
         trained = max(1, int(num_steps * self.view.diffusers.timesteps_fraction))
         order = torch.stack([torch.randperm(num_steps, generator=rng)[:trained] for _ in range(len(x0))])
         eps = torch.randn((trained, *x0.shape), generator=rng)

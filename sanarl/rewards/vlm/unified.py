@@ -6,7 +6,9 @@ Protocol (Cosmos-RL's `unified_reward` handler):
 1. per image, one user turn: the image (PNG, base64 data URL `data:image;base64,...` for an endpoint), then the
    question (`QUESTIONS["flow_grpo"]`, the default, which Cosmos-RL and flow_grpo send, or UnifiedReward's own
    element-checking point-score prompt `QUESTIONS["elements"]`) with the caption;
-2. greedy decoding (temperature 0);
+2. greedy decoding (temperature 0, as flow_grpo's and DiffusionNFT's endpoint requests); in-process,
+   `decoding = "generation_config"` decodes with the checkpoint's own generation config instead (what a plain
+   transformers `generate` call does);
 3. the first match of `Final Score:\\s*([1-5](?:\\.\\d+)?)` in the answer is the score; no match scores 0.0;
 4. `unified_reward = score / 5`.
 
@@ -90,6 +92,10 @@ def png_data_url(image: np.ndarray) -> str:
     return "data:image;base64," + base64.b64encode(buffer.getvalue()).decode("utf-8")
 
 
+DECODINGS = ("greedy", "generation_config")
+"""In-process decoding: greedy, or the checkpoint's generation config."""
+
+
 class UnifiedReward(qwen.VlmReward):
     """UnifiedReward's 1-5 judgement of images `[B, 3, H, W]` in [0, 1], scaled to [0, 1] (see the module doc).
 
@@ -100,6 +106,7 @@ class UnifiedReward(qwen.VlmReward):
         endpoint_model: the model name the endpoint serves.
         question: "flow_grpo" (Cosmos-RL's) | "elements" (UnifiedReward's point-score prompt).
         max_new_tokens: longest in-process answer; timeout_s, max_concurrency: endpoint requests.
+        decoding: in-process "greedy" (do_sample = False, the default) | "generation_config" (the checkpoint's).
         device, dtype (auto = bfloat16 on GPU, float32 on CPU), batch_size (in-process images per generate call).
     """
 
@@ -120,8 +127,14 @@ class UnifiedReward(qwen.VlmReward):
         device: str | torch.device | None = None,
         dtype: str = "auto",
         batch_size: int = 4,
+        decoding: str = "greedy",
     ) -> None:
         super().__init__(device, dtype, parse_batch_size(batch_size, self.name))
+        if decoding not in DECODINGS:
+            raise ConfigError(
+                f"reward {self.name!r}: option decoding={decoding!r} must be one of {', '.join(DECODINGS)}."
+            )
+        self.decoding = decoding
         if question not in QUESTIONS:
             raise ConfigError(
                 f"reward {self.name!r}: option question={question!r} must be one of {sorted(QUESTIONS)}."
@@ -172,7 +185,7 @@ class UnifiedReward(qwen.VlmReward):
         return QUESTIONS[self.question].format(prompt=prompt)
 
     def generate(self, images: np.ndarray, questions: list[str]) -> list[str]:
-        """Greedy answers of the in-process model to uint8 images `[B, H, W, 3]` and their full question texts."""
+        """Answers (greedy unless `decoding`) of the in-process model to uint8 images `[B, H, W, 3]` and their full question texts."""
         if not self._ready:
             self.setup(self.device)
         answers: list[str] = []
@@ -188,7 +201,8 @@ class UnifiedReward(qwen.VlmReward):
             ]
             text = self.processor.apply_chat_template(chats, tokenize=False, add_generation_prompt=True)
             batch = qwen.to_device(qwen.encode(self.processor, text, images=pixels), self.device)
-            out = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, do_sample=False)
+            greedy = {"do_sample": False} if self.decoding == "greedy" else {}
+            out = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, **greedy)
             answers += self.processor.batch_decode(
                 out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
             )
