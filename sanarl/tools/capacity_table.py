@@ -1,0 +1,58 @@
+"""docs/capacity.md: the memory plan of every shipped preset, computed without weights.
+
+    python -m sanarl.tools.capacity_table > docs/capacity.md         # all presets
+    python -m sanarl.tools.capacity_table PRESET ...                 # those rows only
+
+tests/unit/test_capacity_table.py regenerates rows and compares them with the file.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sanarl.config import load_config
+from sanarl.config.cosmos_rl import planned_world_size
+from sanarl.config.presets import shipped_presets
+from sanarl.tools.capacity.accelerators import ACCELERATORS, MFU
+from sanarl.tools.capacity.flops import iteration_flops, iteration_seconds
+from sanarl.tools.capacity.memory import estimate
+from sanarl.tools.capacity.report import gib
+
+GPU = ACCELERATORS["h100"]
+HEADER = f"""# Capacity of the shipped presets
+
+Per-rank peak memory of every shipped preset on the world size it plans for (DDP; the preset's Cosmos-RL
+`policy.parallelism`, else 1), computed from the real architecture on the meta device without weights
+(`sanarl validate --config PRESET PLUGIN --gpus N --gpu h100` prints the whole breakdown and the options that make
+a run fit). Time per iteration assumes {MFU:.0%} of the {GPU.name}'s dense bf16 peak ({GPU.bf16_tflops:g} TFLOP/s)
+and counts the transformer and reward models only; "fits H100" compares the peak with its {GPU.memory_gb:g} GB.
+How the figures are computed and how they compare with measured peaks: docs/results.md, "Memory plan against
+measurement". Regenerate with `python -m sanarl.tools.capacity_table > docs/capacity.md`.
+
+| preset | ranks | rollout GiB | training GiB | validation GiB | largest term (GiB) | fits H100 | PFLOP / iter / rank | min / iter (H100) |
+|---|---|---|---|---|---|---|---|---|"""
+
+
+def row(name: str) -> str:
+    """The table row of preset `name`."""
+    loaded = load_config(next(p for p in shipped_presets() if p.stem == name), [])
+    cfg, world = loaded.config, planned_world_size(loaded.cosmos)
+    est = estimate(cfg, world, False, both_checkpointing=False)
+    phases = {p.name: gib(p.total) for p in est.phases}
+    largest = max(est.peak.terms, key=lambda t: t.nbytes)
+    flops = iteration_flops(cfg, est)
+    minutes = iteration_seconds(flops, GPU, cfg.rollout.preview_precision) / 60
+    fits = "yes" if est.peak.total <= GPU.memory_gb * 1e9 else "no"
+    return (
+        f"| {name} | {world} | {phases.get('rollout', '-')} | {phases['training']} | {phases.get('validation', '-')}"
+        f" | {largest.label} ({gib(largest.nbytes)}) | {fits} | {flops.total / 1e15:.3f} | {minutes:.2f} |"
+    )
+
+
+def table(names: list[str] | None = None) -> str:
+    names = names or [p.stem for p in shipped_presets()]
+    return "\n".join([HEADER, *(row(n) for n in names)]) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table(sys.argv[1:] or None))
