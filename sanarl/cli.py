@@ -147,9 +147,9 @@ def validate(
 ):
     """Resolve preset and plugin, check the data, print the plan. Loads no model weights.
 
-    With --gpus / --gpu / --gpu-memory / --memory it also prints the memory plan (per rank and phase, from the real
+    With --gpu / --gpu-memory / --memory / --fsdp it also prints the memory plan (per rank and phase, from the real
     architecture on the meta device), FLOPs and time per iteration, and whether the run fits (docs/capacity.md)."""
-    capacity = (gpu, gpu_memory, fsdp) if (gpu or gpu_memory or memory or world_size) else None
+    capacity = (gpu, gpu_memory, fsdp) if (gpu or gpu_memory is not None or memory or fsdp) else None
     guarded(debug, _validate, config, plugin, set_, world_size, capacity)
 
 

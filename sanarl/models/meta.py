@@ -145,10 +145,13 @@ def _builder_modules(name: str, tiny: str) -> tuple[str, str, dict[str, nn.Modul
 
     if tiny not in TINY_BUILDERS:
         raise UnknownArchitecture(f"`policy.model_name_or_path = {name!r}`: unknown tiny model.")
-    with torch.device("meta"):
-        pipe = _builder(tiny)()
+    try:
+        with torch.device("meta"):
+            pipe, where = _builder(tiny)(), "run on the meta device"
+    except RuntimeError:  # a builder that reads values back (.item()): tiny enough to build for real
+        pipe, where = _builder(tiny)(), "run on the CPU (a few thousand weights)"
     modules = {k: v for k, v in pipe.components.items() if isinstance(v, nn.Module)}
-    return type(pipe).__name__, f"the {tiny} tiny builder, run on the meta device", modules
+    return type(pipe).__name__, f"the {tiny} tiny builder, {where}", modules
 
 
 def _from_modules(name: str, pipeline: str, source: str, modules: dict[str, nn.Module]) -> Architecture:

@@ -22,12 +22,24 @@ GPU = ACCELERATORS["h100"]
 HEADER = f"""# Capacity of the shipped presets
 
 Per-rank peak memory of every shipped preset on the world size it plans for (DDP; the preset's Cosmos-RL
-`policy.parallelism`, else 1), computed from the real architecture on the meta device without weights
-(`sanarl validate --config PRESET PLUGIN --gpus N --gpu h100` prints the whole breakdown and the options that make
-a run fit). Time per iteration assumes {MFU:.0%} of the {GPU.name}'s dense bf16 peak ({GPU.bf16_tflops:g} TFLOP/s)
-and counts the transformer and reward models only; "fits H100" compares the peak with its {GPU.memory_gb:g} GB.
-How the figures are computed and how they compare with measured peaks: docs/results.md, "Memory plan against
-measurement". Regenerate with `python -m sanarl.tools.capacity_table > docs/capacity.md`.
+`policy.parallelism`, else 1), computed without weights from the real architecture built on the meta device. One
+preset in full, with the options that would make it fit (each re-estimated), and this table regenerated:
+
+```bash
+sanarl validate --config sana-image-nft-sol_rl sanarl.datasets.diffusion_nft --gpus 8 --gpu h100
+python -m sanarl.tools.capacity_table > docs/capacity.md
+```
+
+How the figures are made: parameters from the transformer built on the meta device from its config (shipped config
+dicts for the hub models, sanarl/data/architectures/; counts of text encoders, VAEs and reward models in its
+components.json, each with its source), with the run's LoRA adapters injected by the run's own code; activations
+from the forward (and backward) of that module traced on meta tensors, the allocator's books kept by a dispatch
+mode (sanarl/tools/capacity/simulate.py; attention as a fused kernel holds it); FLOPs from torch's FLOP counter in
+the same trace. A training run whose estimate exceeds the machine's memory stops before loading (exit 2, naming the
+largest term and its key). Time per iteration assumes {MFU:.0%} of the {GPU.name}'s dense bf16 peak
+({GPU.bf16_tflops:g} TFLOP/s; a quantized preview at its precision's peak where the GPU has one) and counts the
+transformer and reward models only; "fits H100" compares the peak with its {GPU.memory_gb:g} GB. Checked against
+measured peaks: docs/results.md, "Memory plan against measurement".
 
 | preset | ranks | rollout GiB | training GiB | validation GiB | largest term (GiB) | fits H100 | PFLOP / iter / rank | min / iter (H100) |
 |---|---|---|---|---|---|---|---|---|"""

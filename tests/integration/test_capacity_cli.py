@@ -78,7 +78,7 @@ def test_a_run_that_cannot_fit_stops_before_loading(tmp_path, override, key):
     out_dir = tmp_path / "run"
     start = time.monotonic()
     proc = _sanarl("--config", "tiny-shapes-nft", "sanarl.datasets.shapes", "--set", override,
-                   "--set", f"train.output_dir={out_dir}", limit_gb=12)  # fmt: skip
+                   "--set", f"train.output_dir={out_dir}", limit_gb=6)  # fmt: skip
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     err = proc.stderr
     assert "this run needs about" in err and "GiB per rank" in err and f"`{key}`" in err
