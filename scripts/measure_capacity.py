@@ -61,7 +61,7 @@ from sanarl.config import load_config
 from sanarl.config.presets import resolve_preset_path
 from sanarl.core.lora import add_lora_adapters
 from sanarl.models.meta import architecture, default_lora_targets, example_inputs, _find_class
-from sanarl.tools.capacity.memory import _lora_names, _method
+from sanarl.tools.capacity.memory import lora_names, method_name
 
 
 def status(key):
@@ -74,7 +74,7 @@ empty = status("VmRSS")
 torch.set_default_dtype(torch.bfloat16)
 module = _find_class(arch.transformer_class).from_config(arch.transformer_config).requires_grad_(False)
 torch.set_default_dtype(torch.float32)
-add_lora_adapters(module, _lora_names(cfg), r=lora.r, alpha=lora.lora_alpha, init=lora.init_lora_weights,
+add_lora_adapters(module, lora_names(cfg), r=lora.r, alpha=lora.lora_alpha, init=lora.init_lora_weights,
                   target_modules=lora.target_modules or default_lora_targets(arch))
 if cfg.policy.model_gradient_checkpointing:
     module.enable_gradient_checkpointing()
@@ -86,7 +86,7 @@ meta = example_inputs(module, arch, cfg.train.train_policy.mini_batch, tuple(cfg
                       cfg.policy.diffusers.train_frames, cfg.policy.diffusers.max_prompt_length)
 inputs = {k: (torch.ones if "mask" in k else torch.randn)(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
           for k, v in meta.items()}
-nft = _method(cfg) == "diffusion_nft"
+nft = method_name(cfg) == "diffusion_nft"
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 base = status("VmRSS")

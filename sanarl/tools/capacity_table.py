@@ -41,8 +41,8 @@ largest term and its key). Time per iteration assumes {MFU:.0%} of the {GPU.name
 transformer and reward models only; "fits H100" compares the peak with its {GPU.memory_gb:g} GB. Checked against
 measured peaks: docs/results.md, "Memory plan against measurement".
 
-| preset | ranks | rollout GiB | training GiB | validation GiB | largest term (GiB) | fits H100 | PFLOP / iter / rank | min / iter (H100) |
-|---|---|---|---|---|---|---|---|---|"""
+| preset | ranks | rollout GiB | training GiB | optimizer step GiB | validation GiB | largest term (GiB) | fits H100 | PFLOP / iter / rank | min / iter (H100) |
+|---|---|---|---|---|---|---|---|---|---|"""
 
 
 def row(name: str) -> str:
@@ -56,8 +56,10 @@ def row(name: str) -> str:
     minutes = iteration_seconds(flops, GPU, cfg.rollout.preview_precision) / 60
     fits = "yes" if est.peak.total <= GPU.memory_gb * 1e9 else "no"
     return (
-        f"| {name} | {world} | {phases.get('rollout', '-')} | {phases['training']} | {phases.get('validation', '-')}"
-        f" | {largest.label} ({gib(largest.nbytes)}) | {fits} | {flops.total / 1e15:.3f} | {minutes:.2f} |"
+        f"| {name} | {world} | {phases.get('rollout', '-')} | {phases['training']} | "
+        f"{phases.get('optimizer step', '-')} | {phases.get('validation', '-')}"
+        f" | {largest.label} ({gib(largest.nbytes)}) in {est.peak.name} | {fits} | {flops.total / 1e15:.3f} | "
+        f"{minutes:.2f} |"
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sanarl.config.schema import Config
 from sanarl.models.meta import components_table
 from sanarl.tools.capacity.accelerators import MFU, Accelerator
-from sanarl.tools.capacity.memory import Estimate, _method, _rollout_counts, guided_rows, training_rows
+from sanarl.tools.capacity.memory import Estimate, guided_rows, method_name, rollout_counts, training_rows
 
 
 @dataclass
@@ -36,7 +36,7 @@ def per_row(est: Estimate, name: str) -> float:
 
 def iteration_flops(cfg: Config, est: Estimate) -> Flops:
     """FLOPs of one optimizer step on one rank."""
-    method, tp = _method(cfg), cfg.train.train_policy
+    method, tp = method_name(cfg), cfg.train.train_policy
     train_row = per_row(est, "train")
     sample = cfg.policy.diffusers.sample
     from sanarl.training.protocol import per_rank_batch, run_settings
@@ -44,7 +44,7 @@ def iteration_flops(cfg: Config, est: Estimate) -> Flops:
     samples = per_rank_batch(run_settings(cfg), est.world)
     rollout = preview = rewards = 0.0
     if method in ("diffusion_nft", "flow_grpo"):
-        prompts, m, k = _rollout_counts(cfg, est.world)
+        prompts, m, k = rollout_counts(cfg, est.world)
         guided = guided_rows(cfg, est.arch, 1, sample.guidance_scale)
         step = per_row(est, "rollout") * guided
         ro = cfg.rollout

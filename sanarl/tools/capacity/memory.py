@@ -5,7 +5,8 @@ adapters injected by the same code a run uses; activation terms from the traced 
 module at the run's micro-batch (simulate.py). What the run keeps (sanarl/training, sanarl/methods):
 - the transformer in `transformer_dtype` (float32 for a full fine-tune), LoRA adapters in float32 (all of
   `lora_names` plus the method's: NFT's "old"), trainable ones with float32 gradients and, for Adam / AdamW, two
-  float32 moments (torch.optim's foreach / fused / for-loop all keep exactly two); the EMA a float32 copy of the
+  float32 moments (torch.optim's foreach / fused / for-loop all keep exactly two; the foreach step also makes one
+  float32 temporary per parameter, `sqrt(v)`, its own "optimizer step" phase); the EMA a float32 copy of the
   trainable ones;
 - FSDP (one unit per transformer block) shards the transformer, its gradients, the optimizer state and the EMA by
   the world size and gathers one block at a time; DDP keeps everything whole on every rank;
@@ -80,13 +81,13 @@ class Estimate:
         return max(self.phases, key=lambda p: p.total)
 
 
-def _method(cfg: Config) -> str:
+def method_name(cfg: Config) -> str:
     tp = cfg.train.train_policy
     return tp.trainer_type if tp.type == "grpo" else (tp.trainer_type or "sft")
 
 
-def _lora_names(cfg: Config) -> list[str]:
-    extra = ["old"] if _method(cfg) == "diffusion_nft" else []
+def lora_names(cfg: Config) -> list[str]:
+    extra = ["old"] if method_name(cfg) == "diffusion_nft" else []
     return list(dict.fromkeys([*cfg.policy.lora.lora_names, "default", *extra]))
 
 
@@ -101,7 +102,7 @@ def build_module(cfg: Config, arch: Architecture, dtype: torch.dtype, checkpoint
     else:
         module.requires_grad_(False)
         with torch.device("meta"):
-            add_lora_adapters(module, _lora_names(cfg), r=lora.r, alpha=lora.lora_alpha,
+            add_lora_adapters(module, lora_names(cfg), r=lora.r, alpha=lora.lora_alpha,
                               init=lora.init_lora_weights,
                               target_modules=lora.target_modules or default_lora_targets(arch),
                               dropout=lora.lora_dropout)  # fmt: skip
@@ -136,7 +137,7 @@ def traced(
     (`meta.depth_variants`; cached by everything that shapes it)."""
     p, lora = cfg.policy, cfg.policy.lora
     key = (p.model_name_or_path, tuple(p.diffusers.inference_size), _text_len(cfg), _frames(cfg, training),
-           None if lora is None else (lora.r, tuple(lora.target_modules), tuple(_lora_names(cfg))),
+           None if lora is None else (lora.r, tuple(lora.target_modules), tuple(lora_names(cfg))),
            compute_dtype(cfg), batch, grad, checkpointing)  # fmt: skip
     if key not in _TRACES:
         arch = architecture(p.model_name_or_path)
@@ -178,7 +179,7 @@ def training_rows(cfg: Config, arch: Architecture) -> int:
     """Rows of one trained forward: mini_batch (x2 for Flow-GRPO's CFG training forward, x (1 + paths x points)
     for SOAR's auxiliary rows)."""
     tp, mb = cfg.train.train_policy, cfg.train.train_policy.mini_batch
-    method = _method(cfg)
+    method = method_name(cfg)
     if method == "flow_grpo" and tp.cfg_in_training:
         return guided_rows(cfg, arch, mb, cfg.policy.diffusers.sample.guidance_scale)
     if method == "soar":
@@ -191,7 +192,7 @@ def _count_params(cfg: Config, arch: Architecture) -> dict[str, int]:
 
     module = build_module(cfg, arch, torch.float32, False)
     lora = sum(p.numel() for n, p in module.named_parameters() if "lora_" in n and ".default." in n)
-    base = parameter_count(module) - lora * (len(_lora_names(cfg)) if cfg.policy.lora else 0)
+    base = parameter_count(module) - lora * (len(lora_names(cfg)) if cfg.policy.lora else 0)
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     plain = meta_transformer(arch, torch.float32)
     quantized = sum(
@@ -232,7 +233,7 @@ def resident_terms(
     if fsdp:
         terms.append(Term("FSDP: one block gathered", params["block"] * BYTES[tdtype], "FSDP"))
     if cfg.policy.lora is not None:
-        n = len(_lora_names(cfg))
+        n = len(lora_names(cfg))
         terms.append(Term(f"LoRA adapters x{n} (float32)", n * params["lora"] * 4 / shard, "policy.lora.r"))
     if not cfg.policy.diffusers.offload:
         for name, count in arch.frozen.items():
@@ -244,7 +245,7 @@ def resident_terms(
         terms.append(Term(f"{cfg.train.optm_name} moments (2 x float32)", trainable * 8, "train.optm_name"))
     if cfg.train.ema_enable:
         terms.append(Term("EMA (float32)", trainable * 4, "train.ema_enable"))
-    if _method(cfg) in ("diffusion_nft", "flow_grpo"):
+    if method_name(cfg) in ("diffusion_nft", "flow_grpo"):
         fns = cfg.train.train_policy.remote_reward.reward_fns
         if not cfg.train.train_policy.use_remote_reward:
             terms += _reward_terms([(f.name, f.options) for f in fns], "reward")
@@ -254,7 +255,7 @@ def resident_terms(
 
 def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
     """Sol-RL's inference copies and Flow-GRPO's frozen reference copy."""
-    ro, method = cfg.rollout, _method(cfg)
+    ro, method = cfg.rollout, method_name(cfg)
     whole = params["transformer"] * BYTES[transformer_dtype(cfg.policy)]
     quant = ro.preview_precision if ro.preview_precision != "bf16" else None
     packed = 0 if quant is None else params["quantized"] * QUANT_BYTES[quant]
@@ -272,7 +273,7 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
     return terms
 
 
-def _rollout_counts(cfg: Config, world: int) -> tuple[int, int, int]:
+def rollout_counts(cfg: Config, world: int) -> tuple[int, int, int]:
     """(prompts per rank, drafts per prompt, kept per prompt) of an RL iteration."""
     from sanarl.training.protocol import per_rank_batch, run_settings
 
@@ -292,10 +293,10 @@ def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = 
     module = meta_transformer(arch, torch.float32)
     size = tuple(cfg.policy.diffusers.inference_size)
     latent = example_inputs(module, arch, 1, size, _frames(cfg, False), 1)["hidden_states"].numel()
-    rl = _method(cfg) in ("diffusion_nft", "flow_grpo")
+    rl = method_name(cfg) in ("diffusion_nft", "flow_grpo")
     kept_latents = []
     if rl:
-        prompts, m, k = _rollout_counts(cfg, world)
+        prompts, m, k = rollout_counts(cfg, world)
         sample = cfg.policy.diffusers.sample
         rows = guided_rows(cfg, arch, cfg.rollout.batch_size, sample.guidance_scale)
         est.traces["rollout"], est.batches["rollout"] = traced(cfg, rows, grad=False, training=False), rows
@@ -310,6 +311,11 @@ def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = 
     encoder = [] if rl else text_encoder_term(cfg)
     training = _training_terms(cfg, arch, params, shard, est, both_checkpointing)
     est.phases.append(Phase("training", [*resident, *kept_latents, *training, *encoder]))
+    if cfg.train.optm_name in ("Adam", "AdamW") and cfg.train.optm_impl == "foreach":
+        step = Term(
+            "foreach AdamW step temporaries (float32)", params["trainable"] * 4 / shard, "train.optm_impl"
+        )
+        est.phases.append(Phase("optimizer step", [*resident, *kept_latents, training[0], step]))
     if cfg.validation.enable:
         rows = guided_rows(cfg, arch, cfg.validation.batch_size, cfg.policy.diffusers.sample.guidance_scale)
         est.traces["validation"], est.batches["validation"] = (
@@ -342,7 +348,7 @@ def _training_terms(
     if cfg.policy.lora is None and compute_dtype(cfg) != torch.float32:
         terms.append(Term(f"autocast {dtype_name(compute_dtype(cfg))} weight copies", params["transformer"]
                           * BYTES[compute_dtype(cfg)] / shard, "train.param_dtype"))  # fmt: skip
-    if cfg.train.train_policy.kl_beta > 0 and _method(cfg) in ("diffusion_nft", "flow_grpo"):
+    if cfg.train.train_policy.kl_beta > 0 and method_name(cfg) in ("diffusion_nft", "flow_grpo"):
         ref = traced(cfg, rows, grad=False)
         terms.append(Term(f"reference forward of {rows} rows (kl_beta) while the graph is held", ref.peak,
                           "train.train_policy.kl_beta"))  # fmt: skip
