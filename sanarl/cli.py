@@ -47,8 +47,10 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
     from sanarl.config import load_config
     from sanarl.config.plugins import cosmos_plugin, resolve_plugin
     from sanarl.rewards.preflight import check_reward_names
+    from sanarl.tools.capacity.fit import check_fits_machine
 
     loaded = load_config(resolve_preset_path(config), overrides or [])
+    check_fits_machine(loaded.config)  # before any model loads: a run that cannot fit here stops with the fix
     main_process = PartialState().is_main_process
     plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
     resolve_plugin(plugin_spec)  # before the reward check: a plugin may register rewards
@@ -124,15 +126,36 @@ def validate(
     set_: SetOpt = None,
     world_size: Annotated[
         int | None,
-        typer.Option(help="Ranks to plan for (default: the preset's Cosmos-RL policy.parallelism, else 1)."),
+        typer.Option(
+            "--world-size",
+            "--gpus",
+            help="Ranks to plan for (default: the preset's Cosmos-RL policy.parallelism, else 1).",
+        ),
     ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(help="Plan memory and time for this accelerator: h100, h200, b200, a100, l40s."),
+    ] = None,
+    gpu_memory: Annotated[
+        float | None, typer.Option(help="Plan memory for an accelerator with this many GB per rank.")
+    ] = None,
+    fsdp: Annotated[bool, typer.Option(help="Plan for an FSDP launch (default: DDP).")] = False,
+    memory: Annotated[
+        bool, typer.Option(help="Print the memory plan against this machine's memory.")
+    ] = False,
     debug: DebugOpt = False,
 ):
-    """Resolve preset and plugin, check the data, print the plan. Loads no model weights."""
-    guarded(debug, _validate, config, plugin, set_, world_size)
+    """Resolve preset and plugin, check the data, print the plan. Loads no model weights.
+
+    With --gpu / --gpu-memory / --memory / --fsdp it also prints the memory plan (per rank and phase, from the real
+    architecture on the meta device), FLOPs and time per iteration, and whether the run fits (docs/capacity.md)."""
+    capacity = (gpu, gpu_memory, fsdp) if (gpu or gpu_memory is not None or memory or fsdp) else None
+    guarded(debug, _validate, config, plugin, set_, world_size, capacity)
 
 
-def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None) -> None:
+def _validate(
+    config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None, capacity=None
+) -> None:
     from sanarl.config import check_plugin, load_config, resolve_plugin
     from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.methods.registry import task_class
@@ -142,6 +165,10 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
     cfg = loaded.config
+    if capacity is not None and capacity[0] is not None:  # a bad accelerator name stops before any other work
+        from sanarl.tools.capacity.accelerators import accelerator
+
+        accelerator(capacity[0])
     world_size = world_size or planned_world_size(loaded.cosmos)
     plugin = resolve_plugin(plugin_spec, notice=_note_out)
     check_plugin(plugin)
@@ -167,6 +194,11 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
         )
     else:
         out.print(f"weights: found locally for {name}.")
+    if capacity is not None:
+        from sanarl.tools.capacity import plan_lines
+
+        for line in plan_lines(cfg, world_size, capacity[2], capacity[0], capacity[1]):
+            out.print(line, highlight=False, soft_wrap=True)
     out.print("[bold green]valid[/]")
 
 

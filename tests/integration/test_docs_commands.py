@@ -58,6 +58,14 @@ NOT_RUN: list[tuple[str, str]] = [
     ),
     (r"--config my-soar\.toml", "the reader's own preset and bucketed JSONL data"),
     (
+        r"^python -m sanarl\.tools\.capacity_table",
+        "regenerates docs/capacity.md (tests/unit/test_capacity_table.py regenerates its rows and compares)",
+    ),
+    (
+        r"^python scripts/measure_capacity\.py",
+        "measured training runs of minutes each (tests/unit/test_capacity.py measures a traced call the same way)",
+    ),
+    (
         r"^sanarl bench shapes --(output|methods soar,sft-more) ",
         "the measured 30-minute benches of docs/results.md (two hours of CPU); the same code runs shortened in "
         "tests/integration/test_bench_shapes.py",

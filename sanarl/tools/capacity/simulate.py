@@ -1,0 +1,159 @@
+"""Peak activation memory and FLOPs of one transformer call, computed on the meta device (no memory, no weights).
+
+The forward (and backward) of the real architecture runs on meta tensors under a dispatch mode that keeps the
+allocator's books: every new storage an operator returns is counted while a tensor still refers to it and released
+when the last one is gone (weak references), so the peak is the one the same graph reaches on a device, for the
+activations alone (parameters, and gradients already allocated by an earlier micro-batch, are created outside the
+mode and not counted). Attention is accounted as the fused kernels a GPU (and torch's CPU flash kernel) run: the
+output and the log-sum-exp, never the L x S score matrix. FLOPs come from torch.utils.flop_counter in the same pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of storages created inside the mode and still referenced; `peak` is their maximum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, list[int]] = {}  # storage key -> [tensors alive, bytes]
+
+    def _release(self, key: int) -> None:
+        entry = self._refs[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = _key(t)
+            if key in self._refs:
+                self._refs[key][0] += 1
+            elif key in inputs:
+                continue  # a view or in-place result of storage made outside the mode
+            else:
+                self._refs[key] = [1, t.untyped_storage().nbytes()]
+                self.live += self._refs[key][1]
+                self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._release, key)
+        return out
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _FusedAttention(torch.autograd.Function):
+    """Memory and FLOP stand-in of a fused attention kernel: saves q, k, v, the output and the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fused_sdpa(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    if key.shape[-3] != query.shape[-3]:  # grouped-query attention: the kernel reads each kv head once
+        reps = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(reps, -3), value.repeat_interleave(reps, -3)
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return _FusedAttention.apply(query, key, value)
+    return query.new_empty(*query.shape[:-1], value.shape[-1])
+
+
+@contextlib.contextmanager
+def fused_attention():
+    """F.scaled_dot_product_attention as a fused kernel's memory (see the module docstring)."""
+    original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def attention_flops(q_shape, k_shape, v_shape) -> int:
+    """2 B H L S E (scores) + 2 B H L S Ev (weighted sum)."""
+    b, h, length, e = q_shape
+    s, ev = k_shape[-2], v_shape[-1]
+    return 2 * b * h * length * s * (e + ev)
+
+
+@dataclass
+class Trace:
+    """One call: peak activation bytes (forward, and forward + backward when `grad`) and forward FLOPs."""
+
+    forward_peak: int
+    peak: int
+    forward_flops: int
+
+
+def trace(module: nn.Module, inputs: dict, *, grad: bool, fused: bool = True) -> Trace:
+    """Run `module(**inputs)` on meta (with backward of a scalar loss when `grad`); parameters that require grad get
+    a gradient first, as from an earlier micro-batch, so only the activations are counted. `fused = False` keeps
+    the module's own attention (text encoders run eager attention, which holds the score matrix). The FLOPs are
+    counted in a second, no-grad forward: the FLOP counter's module hooks would keep activations alive."""
+    if grad:
+        for p in module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.empty_like(p)
+    patch = fused_attention if fused else contextlib.nullcontext
+    mode = LiveBytes()
+    with contextlib.nullcontext() if grad else torch.no_grad(), patch(), mode:
+        out = module(**inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        forward_peak = mode.peak
+        if grad:
+            out.float().square().mean().backward()
+        del out
+    counter, attention = FlopCounterMode(display=False), _AttentionFlops()
+    with torch.no_grad(), patch(), attention, counter:
+        module(**inputs)
+    return Trace(forward_peak, mode.peak, counter.get_total_flops() + attention.forward_flops)
+
+
+class _AttentionFlops:
+    """Counts the forward FLOPs of the fused attention stand-in (the FLOP counter never sees inside it)."""
+
+    def __init__(self) -> None:
+        self.forward_flops = 0
+
+    def __enter__(self):
+        inner = torch.nn.functional.scaled_dot_product_attention
+
+        def counted(query, key, value, *args, **kwargs):
+            self.forward_flops += attention_flops(query.shape, key.shape, value.shape)
+            return inner(query, key, value, *args, **kwargs)
+
+        self._inner = inner
+        torch.nn.functional.scaled_dot_product_attention = counted
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.scaled_dot_product_attention = self._inner
