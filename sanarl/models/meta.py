@@ -2,8 +2,9 @@
 parameter counts of its frozen parts (text encoders, VAE), for the memory and FLOP plan of `sanarl validate`.
 
 Where the shapes come from, for `policy.model_name_or_path`:
-- a shipped hub id (sanarl/data/architectures/*.json: the transformer's config dict, written from the public facts
-  its `source` names; text encoders and VAE by name from components.json);
+- a shipped hub id: the transformer's config from `sanarl.models.architecture` (sanarl/data/models/architectures/),
+  the pipeline's VAE and text encoders from sanarl/data/models/pipelines/*.json (the public facts each `source`
+  names), their parameter counts from components.json there;
 - a local diffusers pipeline directory (the shipped tiny bases too): every component's config.json, built on meta;
 - `sanarl-tiny:<name>` of a random-init tiny model: its builder run on the meta device.
 Nothing here reads or downloads weights.
@@ -22,8 +23,9 @@ from torch import nn
 
 from sanarl.config.presets import data_dir
 from sanarl.errors import ConfigError
+from sanarl.models.architecture import transformer_config
 
-ARCHITECTURES = data_dir("architectures")
+PIPELINES = data_dir("models", "pipelines")
 
 
 class UnknownArchitecture(ConfigError):
@@ -50,14 +52,14 @@ class Architecture:
 @functools.cache
 def components_table() -> dict:
     """components.json: parameter counts (and sources) of text encoders, VAEs and reward models."""
-    return json.loads((ARCHITECTURES / "components.json").read_text())
+    return json.loads((PIPELINES / "components.json").read_text())
 
 
 @functools.cache
 def shipped_architectures() -> dict[str, Path]:
     """Hub id -> shipped architecture file."""
     table = {}
-    for path in sorted(ARCHITECTURES.glob("*.json")):
+    for path in sorted(PIPELINES.glob("*.json")):
         if path.name != "components.json":
             for name in json.loads(path.read_text())["names"]:
                 table[name] = path
@@ -93,7 +95,9 @@ def _shipped(name: str, path: Path) -> Architecture:
     table = components_table()
     frozen = {te: table["text_encoders"][te]["params"] for te in spec["text_encoders"]}
     frozen[spec["vae"]["name"]] = table["vaes"][spec["vae"]["name"]]["params"]
-    config = dict(spec["transformer"])
+    config = transformer_config(name)
+    if config is None:
+        raise UnknownArchitecture(f"{path.name} names {name!r}, whose transformer config is not shipped.")
     return Architecture(
         name=name,
         pipeline_class=spec["pipeline"],

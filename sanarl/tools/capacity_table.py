@@ -31,8 +31,8 @@ python -m sanarl.tools.capacity_table > docs/capacity.md
 ```
 
 How the figures are made: parameters from the transformer built on the meta device from its config (shipped config
-dicts for the hub models, sanarl/data/architectures/; counts of text encoders, VAEs and reward models in its
-components.json, each with its source), with the run's LoRA adapters injected by the run's own code; activations
+dicts for the hub models, sanarl/data/models/architectures/; counts of text encoders, VAEs and reward models in
+sanarl/data/models/pipelines/components.json, each with its source), with the run's LoRA adapters injected by the run's own code; activations
 from the forward (and backward) of that module traced on meta tensors, the allocator's books kept by a dispatch
 mode (sanarl/tools/capacity/simulate.py; attention as a fused kernel holds it); FLOPs from torch's FLOP counter in
 the same trace. A training run whose estimate exceeds the machine's memory stops before loading (exit 2, naming the

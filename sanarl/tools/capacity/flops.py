@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from sanarl.config.schema import Config
 from sanarl.models.meta import components_table
 from sanarl.tools.capacity.accelerators import MFU, Accelerator
-from sanarl.tools.capacity.memory import Estimate, guided_rows, method_name, rollout_counts, training_rows
+from sanarl.tools.capacity.memory import (
+    GROUP_RL,
+    POLICY_GRADIENT,
+    Estimate,
+    guided_rows,
+    method_name,
+    rollout_counts,
+    training_rows,
+)
 
 
 @dataclass
@@ -43,7 +51,7 @@ def iteration_flops(cfg: Config, est: Estimate) -> Flops:
 
     samples = per_rank_batch(run_settings(cfg), est.world)
     rollout = preview = rewards = 0.0
-    if method in ("diffusion_nft", "flow_grpo"):
+    if method in GROUP_RL:
         prompts, m, k = rollout_counts(cfg, est.world)
         guided = guided_rows(cfg, est.arch, 1, sample.guidance_scale)
         step = per_row(est, "rollout") * guided
@@ -66,8 +74,10 @@ def iteration_flops(cfg: Config, est: Estimate) -> Flops:
         levels = max(1, int(sample.num_steps * cfg.policy.diffusers.timesteps_fraction))
         extra = 1 + (1 if tp.kl_beta > 0 else 0)
         training = samples * levels * train_row * (3 + extra)
-    elif method == "flow_grpo":
+    elif method in POLICY_GRADIENT:
         levels = tp.sde_window_size or sample.num_steps
+        if method == "ddrl" and tp.ddrl.train_on:
+            levels = len(tp.ddrl.train_on)
         extra = 1 if tp.kl_beta > 0 else 0
         training = samples * levels * rows * train_row * (3 + extra)
     elif method == "soar":
@@ -81,5 +91,7 @@ def iteration_flops(cfg: Config, est: Estimate) -> Flops:
 def iteration_seconds(flops: Flops, gpu: Accelerator, precision: str) -> float:
     """Seconds per iteration at `MFU` of the bf16 peak (the preview at the FP8 / FP4 peak where it runs there)."""
     bf16 = gpu.bf16_tflops * 1e12 * MFU
-    low = {"fp8": gpu.fp8_tflops, "nvfp4": gpu.fp4_tflops}.get(precision) or gpu.bf16_tflops
+    low = {"fp8": gpu.fp8_tflops, "e2m1_delayed": gpu.fp8_tflops, "nvfp4": gpu.fp4_tflops}.get(
+        precision
+    ) or gpu.bf16_tflops
     return (flops.rollout + flops.training + flops.rewards) / bf16 + flops.preview / (low * 1e12 * MFU)

@@ -39,7 +39,8 @@ from sanarl.models.meta import (
 from sanarl.tools.capacity.simulate import Trace, trace
 
 BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-QUANT_BYTES = {"nvfp4": 0.5 + 1 / 16, "fp8": 1.0, "int8": 1.0, "auto": 1.0}
+QUANT_BYTES = {"nvfp4": 0.5 + 1 / 16, "fp8": 1.0, "e2m1_delayed": 1.0, "int8": 1.0, "auto": 1.0}
+"""Bytes per quantized weight (e2m1_delayed: transformer-engine stores it as FP8 E5M2, docs/nft.md)."""
 """Bytes per weight of a quantized layer's low-precision form (NVFP4: 4-bit values plus one 8-bit scale per 16)."""
 
 
@@ -79,6 +80,12 @@ class Estimate:
     @property
     def peak(self) -> Phase:
         return max(self.phases, key=lambda p: p.total)
+
+
+GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl")
+"""Methods that roll out groups and score them (rollout phase, reward models resident)."""
+POLICY_GRADIENT = ("flow_grpo", "ddrl")
+"""Methods on Flow-GRPO's SDE rollouts and per-step ratio objective (DDRL adds its data rows)."""
 
 
 def method_name(cfg: Config) -> str:
@@ -176,12 +183,17 @@ def guided_rows(cfg: Config, arch: Architecture, batch: int, guidance: float) ->
 
 
 def training_rows(cfg: Config, arch: Architecture) -> int:
-    """Rows of one trained forward: mini_batch (x2 for Flow-GRPO's CFG training forward, x (1 + paths x points)
-    for SOAR's auxiliary rows)."""
+    """Rows of one trained forward: mini_batch (x2 for Flow-GRPO's CFG training forward, + mini_batch data rows
+    for DDRL's data term, x (1 + paths x points) for SOAR's auxiliary rows)."""
     tp, mb = cfg.train.train_policy, cfg.train.train_policy.mini_batch
     method = method_name(cfg)
-    if method == "flow_grpo" and tp.cfg_in_training:
-        return guided_rows(cfg, arch, mb, cfg.policy.diffusers.sample.guidance_scale)
+    policy = mb
+    if method in POLICY_GRADIENT and tp.cfg_in_training:
+        policy = guided_rows(cfg, arch, mb, cfg.policy.diffusers.sample.guidance_scale)
+    if method == "ddrl":
+        return policy + (mb if tp.ddrl.data_beta > 0 else 0)  # the data rows share the policy rows' forward
+    if method == "flow_grpo":
+        return policy
     if method == "soar":
         return mb * (1 + tp.soar.num_rollout_paths * tp.soar.trajectory_length)
     return mb
@@ -245,7 +257,7 @@ def resident_terms(
         terms.append(Term(f"{cfg.train.optm_name} moments (2 x float32)", trainable * 8, "train.optm_name"))
     if cfg.train.ema_enable:
         terms.append(Term("EMA (float32)", trainable * 4, "train.ema_enable"))
-    if method_name(cfg) in ("diffusion_nft", "flow_grpo"):
+    if method_name(cfg) in GROUP_RL:
         fns = cfg.train.train_policy.remote_reward.reward_fns
         if not cfg.train.train_policy.use_remote_reward:
             terms += _reward_terms([(f.name, f.options) for f in fns], "reward")
@@ -268,7 +280,7 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
             terms.append(Term(f"{quant} form of {params['quantized'] / 1e6:.0f}M quantized weights", packed,
                               "rollout.nvfp4_min_dim"))  # fmt: skip
     kl = cfg.train.train_policy.kl_beta > 0
-    if method == "flow_grpo" and kl and cfg.policy.lora is None:
+    if method in POLICY_GRADIENT and kl and cfg.policy.lora is None:
         terms.append(Term("reference copy (kl_beta, full fine-tune)", whole, "train.train_policy.kl_beta"))
     return terms
 
@@ -293,7 +305,7 @@ def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = 
     module = meta_transformer(arch, torch.float32)
     size = tuple(cfg.policy.diffusers.inference_size)
     latent = example_inputs(module, arch, 1, size, _frames(cfg, False), 1)["hidden_states"].numel()
-    rl = method_name(cfg) in ("diffusion_nft", "flow_grpo")
+    rl = method_name(cfg) in GROUP_RL
     kept_latents = []
     if rl:
         prompts, m, k = rollout_counts(cfg, world)
@@ -348,7 +360,7 @@ def _training_terms(
     if cfg.policy.lora is None and compute_dtype(cfg) != torch.float32:
         terms.append(Term(f"autocast {dtype_name(compute_dtype(cfg))} weight copies", params["transformer"]
                           * BYTES[compute_dtype(cfg)] / shard, "train.param_dtype"))  # fmt: skip
-    if cfg.train.train_policy.kl_beta > 0 and method_name(cfg) in ("diffusion_nft", "flow_grpo"):
+    if cfg.train.train_policy.kl_beta > 0 and method_name(cfg) in GROUP_RL:
         ref = traced(cfg, rows, grad=False)
         terms.append(Term(f"reference forward of {rows} rows (kl_beta) while the graph is held", ref.peak,
                           "train.train_policy.kl_beta"))  # fmt: skip
