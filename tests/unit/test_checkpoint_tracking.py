@@ -30,7 +30,8 @@ def test_round_trip_and_rotation(tmp_path):
     assert [p.name for p in kept] == ["step_00000010", "step_00000015"]
     tensors, state, meta = load_checkpoint(kept[-1])
     assert torch.equal(tensors["model"]["w"], torch.full((2, 2), 15.0))
-    assert state == {"optimizer": {"lr": 0.1}} and meta == {"world_size": 1, "step": 15}
+    assert state == {"optimizer": {"lr": 0.1}} and meta["world_size"] == 1 and meta["step"] == 15
+    assert set(meta["files"]) == {"model.safetensors", "ema.safetensors", "state.pt"}  # sha256 of each
     assert not list(tmp_path.glob(".staging-*"))
 
 
