@@ -13,6 +13,9 @@ from sanarl.config.methods import trainer_types
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 
+MAX_LR = 1.0
+"""The largest `train.optm_lr` accepted (inf, nan and absurd values fail validation, not the run)."""
+
 
 def require(ok: bool, message: str) -> None:
     if not ok:
@@ -100,6 +103,11 @@ def check_optimizer(cfg: Config) -> None:
     """The optimizer and EMA keys of `[train]`."""
     t = cfg.train
     at_least(t.optm_lr, "train.optm_lr", 0, strict=True)
+    require(
+        t.optm_lr <= MAX_LR,
+        f"`train.optm_lr` = {t.optm_lr!r} is out of range; it must lie in (0, {MAX_LR:g}] (a learning rate above "
+        f"{MAX_LR:g} diverges at once: non-finite losses and weights). Typical values: 1e-5 to 1e-3.",
+    )
     require(
         len(t.optm_betas) == 2 and all(0 <= b < 1 for b in t.optm_betas),
         f"`train.optm_betas` = {t.optm_betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999].",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -212,3 +213,148 @@ def test_a_damaged_checkpoint_named_by_path_or_no_intact_one_is_exit_2_naming_th
     assert code == 2 and "Traceback" not in err
     assert "nointactcheckpoint" in flat(err) and flat(str(ckpts / STEP(2) / "state.pt")) in flat(err)
     assert steps_of(run_copy) == [2, 4]  # nothing moved, nothing written
+
+
+# --- 2. a rewind, then a crash ------------------------------------------------------------------------------------
+def test_a_rewind_killed_midway_resumes_on_its_own_timeline(tmp_path, cli):
+    """12 steps (checkpoints 2..12), a rewind to step 4 with another seed killed at step 9, then `resume = true`:
+    the resume continues the rewind from its step 8, not the old timeline's step 12 (the old code's rotation had
+    deleted the rewind's 6 and 8 and kept the old 10 and 12)."""
+    run = tmp_path / "run"
+    proc = start(args(run, 12))
+    assert proc.wait(timeout=600) == 0, proc.communicate()[1].decode()[-3000:]
+    ckpts = run / "checkpoints"
+    rewind = args(run, 12, f"train.resume={ckpts / STEP(4)}", "train.seed=7", "train.ckpt.max_keep=2")
+    kill9(paused(rewind, "step_9", tmp_path))
+    assert steps_of(run) == [6, 8]  # the old 6..12 left rotation when the rewind started
+    (moved,) = (ckpts / "retired").iterdir()
+    assert moved.name.startswith("abandoned-")
+    assert sorted(p.name for p in moved.iterdir()) == [STEP(s) for s in (6, 8, 10, 12)]
+    code, out, err = cli(*args(run, 12, "train.seed=7", "train.ckpt.max_keep=2"))
+    assert code == 0, err
+    assert f"resumedfrom{ckpts}/{STEP(8)}atstep8" in flat(out + err)
+    assert steps_of(run) == [10, 12]
+    meta = json.loads((ckpts / STEP(12) / "meta.json").read_text())
+    assert meta["config"]["train"]["seed"] == 7
+
+
+# --- 7. SIGTERM and SIGINT ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_writes_a_final_checkpoint_and_exits_with_its_code(tmp_path, cli, sig):
+    """The signal lands mid-run (after step 2 is logged); the run finishes its step, writes that step's
+    checkpoint and exits 128 + signal. Leftovers of a kill (a staging folder, an empty step folder) are cleaned
+    at the next start, which resumes from the signal's checkpoint."""
+    run = tmp_path / "run"
+    proc = start(args(run, 1000, "train.ckpt.save_freq=1000"))
+    metrics, deadline = run / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1].decode()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    text = flat(err.decode())
+    assert proc.returncode == 128 + sig, text[-3000:]
+    match = re.search(rf"{sig.name}atstep(\d+):checkpointwritten", text)
+    assert match, text[-3000:]
+    step = int(match.group(1))
+    assert steps_of(run) == [step] and step >= 2
+    ckpts = run / "checkpoints"
+    assert not list(ckpts.glob(".staging-*"))
+    if sig == signal.SIGTERM:
+        (ckpts / ".staging-leftover").mkdir()
+        (ckpts / STEP(999)).mkdir()
+        code, out, err = cli(*args(run, step + 1, "train.ckpt.save_freq=1000"))
+        assert code == 0, err
+        assert f"resumedfrom{ckpts}/{STEP(step)}atstep{step}" in flat(out + err)
+        assert sorted(p.name for p in ckpts.iterdir()) == [STEP(step), STEP(step + 1)]
+
+
+# --- 4. one run per folder ----------------------------------------------------------------------------------------
+def test_a_second_run_into_a_folder_in_use_exits_2_naming_the_holder(tmp_path):
+    run = tmp_path / "run"
+    first = paused(args(run, 100), "step_1", tmp_path)
+    try:
+        second = start(args(run, 2))
+        _, err = second.communicate(timeout=300)
+        text = flat(err.decode())
+        assert second.returncode == 2, text[-3000:]
+        assert f"isinusebyanotherrun(pidandhost:{first.pid}" in text and "train.output_dir" in text
+        assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    finally:
+        kill9(first)
+    proc = start(args(run, 2))  # the kernel dropped the dead holder's lock
+    assert proc.wait(timeout=600) == 0, proc.communicate()[1].decode()[-3000:]
+
+
+# --- 5. metrics.jsonl ---------------------------------------------------------------------------------------------
+def test_a_kill_mid_rewrite_or_damaged_lines_in_metrics_jsonl_never_block_a_resume(run_copy, cli, tmp_path):
+    metrics = run_copy / "metrics.jsonl"
+    before = metrics.read_bytes()
+    shutil.rmtree(
+        run_copy / "checkpoints" / STEP(4)
+    )  # the resume at step 2 rewrites metrics.jsonl (drops 3, 4)
+    kill9(paused(args(run_copy, 4), "metrics_rewrite", tmp_path))
+    assert metrics.read_bytes() == before  # the old file stays whole until the new one replaces it
+    lines = before.splitlines()
+    damaged = [lines[0], b'{"step": 2, "loss": 0.', b"\xff\xfe not utf-8", b"[" * 100_000, *lines[1:]]
+    metrics.write_bytes(b"\n".join(damaged) + b"\n")
+    code, out, err = cli(*args(run_copy, 4))
+    assert code == 0, err
+    assert f"{metrics}:droppedunreadableline(s)2,3,4" in flat(out + err)
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2, 3, 4]
+    assert not list(run_copy.glob(".metrics.jsonl.*"))
+
+
+# --- 3. a resume with another config ------------------------------------------------------------------------------
+def test_a_resume_refuses_changed_recipe_keys_and_records_the_allowed_ones(run_copy, cli):
+    config = (run_copy / "config.toml").read_text()
+    code, _, err = cli(*args(run_copy, 6, "train.optm_lr=5e-4", "train.train_batch_per_replica=16"))
+    assert code == 2 and "Traceback" not in err
+    text = flat(err)
+    assert "`train.optm_lr`0.001->0.0005" in text and "`train.train_batch_per_replica`8->16" in text
+    assert "train.output_dir" in text and "train.resume=false" in text
+    other = ["--config", str(PRESET), "sanarl.datasets.shapes", *args(run_copy, 6)[3:]]
+    code, _, err = cli(*other)
+    assert code == 2 and f"`plugin`'{Path(SQUARES).resolve()}'->'sanarl.datasets.shapes'" in flat(err)
+    assert (run_copy / "config.toml").read_text() == config and steps_of(run_copy) == [2, 4]
+    code, out, err = cli(*args(run_copy, 6, "logging.log_freq=2"))
+    assert code == 0, err
+    assert "resumechanges`train.max_num_steps`:4->6" in flat(err)
+    assert "max_num_steps = 6" in (run_copy / "config.toml").read_text()
+    (record,) = [json.loads(x) for x in (run_copy / "resumes.jsonl").read_text().splitlines()]
+    record["changed"].pop("train.output_dir")  # the run was copied
+    assert record["step"] == 4 and record["changed"] == {
+        "logging.log_freq": {"old": 1, "new": 2},
+        "train.max_num_steps": {"old": 4, "new": 6},
+    }
+
+
+# --- 8. divergence ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lr", ["inf", "nan", "1e30", "-1"])
+def test_validate_refuses_a_non_finite_or_absurd_learning_rate(cli, tmp_path, lr):
+    code, _, err = cli("validate", *args(tmp_path / "run", 4, f"train.optm_lr={lr}"))
+    assert code == 2 and "`train.optm_lr`" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_diverging_run_stops_with_exit_3_before_any_checkpoint_or_export_holds_it(tmp_path, cli):
+    """SGD at lr 1 without clipping diverges within a few steps on the tiny model: the run stops with exit code 3
+    naming the step and the likely cause; every checkpoint left holds finite weights and nothing is exported."""
+    run = tmp_path / "run"
+    sets = ("train.optm_name=SGD", "train.optm_lr=1", "train.optm_grad_norm_clip=0")
+    code, _, err = cli(*args(run, 50, *sets, "train.ema_enable=false", "train.ckpt.export_safetensors=true"))
+    assert code == 3, err
+    assert "trainingdivergedatstep" in flat(err) and "train.optm_lr" in err
+    assert not (run / "export").exists()
+    for ckpt in list_checkpoints(run / "checkpoints"):
+        assert all(torch.isfinite(t).all() for t in load_file(str(ckpt / "model.safetensors")).values())
+
+
+# --- 11. a full disk; file modes ----------------------------------------------------------------------------------
+def test_a_full_disk_at_a_checkpoint_is_exit_2_and_leaves_no_staging_folder(run_copy, cli, monkeypatch):
+    monkeypatch.setenv("SANARL_TEST_FAIL_AT", "checkpoint_write")
+    code, _, err = cli(*args(run_copy, 6))
+    assert code == 2 and "Traceback" not in err
+    assert f"diskfullat{run_copy}/checkpoints" in flat(err)
+    ckpts = run_copy / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [STEP(2), STEP(4)]
