@@ -137,11 +137,16 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
+    from sanarl.models.tiny import check_tiny_name
     from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
+    from sanarl.training.setup import check_writable
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
     cfg = loaded.config
+    check_writable(cfg.train.output_dir)
+    if cfg.policy.model_name_or_path.startswith(TINY_PREFIX):
+        check_tiny_name(cfg.policy.model_name_or_path[len(TINY_PREFIX) :])
     world_size = world_size or planned_world_size(loaded.cosmos)
     plugin = resolve_plugin(plugin_spec, notice=_note_out)
     check_plugin(plugin)

@@ -117,6 +117,17 @@ def _write_staging(
         os.fsync(fh.fileno())
 
 
+def umask_modes(root: Path) -> None:
+    """Give `root` and everything under it the modes the umask gives a new file / directory (as config.toml
+    gets): safetensors writes 0600 files and a staging directory is created 0700."""
+    mask = os.umask(0)
+    os.umask(mask)
+    root.chmod(0o777 & ~mask)
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def _swap_in(staging: Path, target: Path) -> None:
     """Rename `staging` to `target`; an existing `target` is moved aside first and deleted after."""
     aside = target.with_name(ASIDE + target.name)
@@ -160,6 +171,7 @@ def save_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=root))
     try:
         _write_staging(staging, tensors, torch_state, {**meta, "step": step}, extras or {})
+        umask_modes(staging)
         _swap_in(staging, target)
     except (OSError, SafetensorError) as err:
         raise _write_error(target, err) from err

@@ -41,6 +41,7 @@ from sanarl.training.checkpoint import (
     load_extra,
     resolve_resume,
     save_checkpoint,
+    umask_modes,
 )
 from sanarl.training.data import step_generator
 from sanarl.training.distributed import (
@@ -457,6 +458,7 @@ class Runner:
             if self.acc.is_main_process:
                 target.mkdir(parents=True, exist_ok=True)
                 self.task.export(target)
+                umask_modes(target)
         self.acc.wait_for_everyone()
         return target if self.acc.is_main_process else None
 

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -358,3 +359,71 @@ def test_a_full_disk_at_a_checkpoint_is_exit_2_and_leaves_no_staging_folder(run_
     assert f"diskfullat{run_copy}/checkpoints" in flat(err)
     ckpts = run_copy / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == [STEP(2), STEP(4)]
+
+
+def test_exported_weights_get_the_umask_modes_of_config_toml(run_copy, cli):
+    code, _, err = cli(*args(run_copy, 6, "train.ckpt.export_safetensors=true"))
+    assert code == 0, err
+    mode = stat.S_IMODE((run_copy / "config.toml").stat().st_mode)
+    files = [p for p in (run_copy / "export").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {mode}
+    newest = run_copy / "checkpoints" / STEP(6)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in newest.iterdir()} == {mode}
+
+
+# --- 11. inputs validate must refuse --------------------------------------------------------------------------------
+def _diffusers_folder(tmp_path: Path, json_bytes: bytes) -> Path:
+    from PIL import Image
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.json").write_bytes(json_bytes)
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(folder / "a.png")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("sets", "expect"),
+    [
+        (["train.seed=99999999999999999999"], "`train.seed`=99999999999999999999isoutofrange"),
+        (["train.seed=-1"], "`train.seed`=-1isoutofrange"),
+        (["policy.model_name_or_path=sanarl-tiny:nope"], "unknowntinymodel`sanarl-tiny:nope`"),
+        (["train.output_dir={tmp}/" + "n" * 300], "`train.output_dir`istoolong"),
+        (["train.output_dir={tmp}/afile/run"], "isnotadirectory"),
+        (
+            ["train.train_policy.remote_reward.reward_fns=[{name='shapes', weight=nan}]"],
+            "reward_fns[0].weight`=nanmustbeafinitenumber",
+        ),
+    ],
+    ids=["seed_overflow", "seed_negative", "unknown_tiny", "name_too_long", "parent_is_a_file", "weight_nan"],
+)
+def test_validate_refuses_bad_run_inputs(cli, tmp_path, sets, expect):
+    (tmp_path / "afile").write_text("x")
+    preset = "tiny-shapes-nft" if "reward_fns" in sets[0] else str(PRESET)
+    argv = ["validate", "--config", preset, "sanarl.datasets.shapes"]
+    argv += [x for s in sets for x in ("--set", s.replace("{tmp}", str(tmp_path)))]
+    code, out, err = cli(*argv)
+    assert code == 2 and "Traceback" not in err, out + err
+    assert expect in flat(err)
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [(b'{"prompt": "caf\xe9"}', "UnicodeDecodeError"), (b"[" * 100_000, "RecursionError")],
+)
+def test_validate_names_a_dataset_json_it_cannot_read(cli, tmp_path, content, expect):
+    folder = _diffusers_folder(tmp_path, content)
+    argv = ["validate", "--config", str(PRESET), "sanarl.datasets.diffusers_dataset"]
+    code, _, err = cli(*argv, "--set", f"train.train_policy.dataset.local_dir={folder}")
+    assert code == 2 and "Traceback" not in err, err
+    assert flat(f"Malformed JSON in '{folder / 'a.json'}'") in flat(err)
+
+
+def test_lora_target_modules_that_match_nothing_stop_the_run_with_exit_2_naming_real_layers(cli, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = cli(
+        *args(run, 2, "policy.lora={r=2, lora_alpha=2.0, target_modules=['to_qq']}", "train.ema_enable=false")
+    )
+    assert code == 2 and "Traceback" not in err, err
+    assert "`policy.lora.target_modules`entries['to_qq']matchnolayer" in flat(err) and "attn1.to_q" in err
