@@ -192,9 +192,10 @@ class Runner:
     def _check_finite_weights(self, step: int, before: str) -> None:
         """Raise `Diverged` (on every rank) when a trained weight or the EMA shadow holds inf / nan."""
         tensors = list(self.params) + (list(self.ema.shadow) if self.ema is not None else [])
-        bad = torch.tensor(
-            [float(any(not bool(torch.isfinite(_local(t)).all()) for t in tensors))], device=self.acc.device
-        )
+        finite = [
+            torch.isfinite(_local(t)).all() for t in tensors
+        ]  # one device sync below, not one per tensor
+        bad = (~torch.stack(finite).all()).float().reshape(1).to(self.acc.device)
         if self.acc.num_processes > 1:
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
         if bad.item() > 0:
