@@ -4,7 +4,8 @@
     sanarl validate --config PRESET PLUGIN [--set ...]                                 resolve + print the plan
     sanarl presets [--copy NAME DIR]                                                   list / copy shipped presets
 
-Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure.
+Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure, 3 training
+diverged, 130 / 143 stopped by SIGINT / SIGTERM after a final checkpoint (docs/reliability.md).
 """
 
 from __future__ import annotations
