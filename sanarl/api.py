@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from sanarl.config import LoadedConfig, check_plugin, dump_toml, resolve_plugin
+from rich.console import Console
+
+from sanarl.config import LoadedConfig, check_plugin, config_to_dict, dump_toml, resolve_plugin
 from sanarl.config.schema import Config
+from sanarl.errors import UserError
 from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
 from sanarl.training.distributed import enable_fsdp_on_cpu
 from sanarl.training.protocol import Task
+from sanarl.training.resume import ResumePlan, apply_plan, plan_resume
+from sanarl.training.run_lock import run_lock
 from sanarl.training.runner import Runner, RunResult
 from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
 
@@ -64,21 +73,67 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
     acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
     run_dir = check_writable(cfg.train.output_dir)
-    torch.manual_seed(cfg.train.seed)
-    with acc.main_process_first():  # rank 0 builds / downloads into the shared cache first
-        adapter = load_adapter(cfg.policy, acc.device)
-    task = cls(cfg, adapter, plugin, rank=acc.process_index, world=acc.num_processes)
-    task.setup_model()
-    plan = cls.describe(cfg, len(task.train_dataset), acc.num_processes)
-    if on_plan is not None and acc.is_main_process:
-        on_plan(plan, run_dir)
-    if dry_run:
-        return TrainOutcome(cfg, task, None, plan)
-    runner = Runner(
-        cfg, task, acc, run_dir
-    )  # resolves train.resume: a bad path fails before anything is written
+    record = {"config": config_to_dict(cfg), "plugin": _plugin_identity(plugin_spec)}
+    with contextlib.ExitStack() as held:
+        resume = None
+        if not dry_run:  # one run per folder; the resume checked before any model loads
+            resume = _decided_by_main(acc, lambda: _lock_and_plan(held, cfg, run_dir, record))
+        torch.manual_seed(cfg.train.seed)
+        with acc.main_process_first():  # rank 0 builds / downloads into the shared cache first
+            adapter = load_adapter(cfg.policy, acc.device)
+        task = cls(cfg, adapter, plugin, rank=acc.process_index, world=acc.num_processes)
+        task.setup_model()
+        plan = cls.describe(cfg, len(task.train_dataset), acc.num_processes)
+        if on_plan is not None and acc.is_main_process:
+            on_plan(plan, run_dir)
+        if dry_run:
+            return TrainOutcome(cfg, task, None, plan)
+        runner = Runner(cfg, task, acc, run_dir, plan=resume, record=record)
+        if acc.is_main_process:
+            prepare_run_dir(cfg.train.output_dir)
+            for line in apply_plan(resume, run_dir / "checkpoints", run_dir):
+                _notice(line)
+            (run_dir / "config.toml").write_text(dump_toml(cfg))  # what runs: allowed resume changes applied
+        acc.wait_for_everyone()
+        return TrainOutcome(cfg, task, runner.run(), plan)
+
+
+def _notice(text: str) -> None:
+    Console(stderr=True).print(f"[yellow]note:[/] {text}", highlight=False)
+
+
+def _plugin_identity(spec: str) -> str:
+    """The plugin as a checkpoint records it: a plugin file by its absolute path, a module by its name."""
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.is_file() else spec
+
+
+def _lock_and_plan(held: contextlib.ExitStack, cfg: Config, run_dir: Path, record: dict) -> ResumePlan:
+    """Rank 0: take the folder's lock for the run (held until `held` closes), then plan the resume."""
+    held.enter_context(run_lock(run_dir, notice=_notice))
+    groups = ("model", "ema") if cfg.train.ema_enable else ("model",)
+    plan = plan_resume(cfg.train.resume, run_dir / "checkpoints", groups, record["config"], record["plugin"])
+    for line in plan.notices:
+        _notice(line)
+    return plan
+
+
+def _decided_by_main(acc, decide: Callable[[], Any]) -> Any:
+    """Rank 0's `decide()` on every rank; its bad-input error stops every rank with the same message."""
+    import torch
+
+    result, error = None, None
     if acc.is_main_process:
-        prepare_run_dir(cfg.train.output_dir)
-        (run_dir / "config.toml").write_text(dump_toml(cfg))
-    acc.wait_for_everyone()
-    return TrainOutcome(cfg, task, runner.run(), plan)
+        try:
+            result = decide()
+        except UserError as err:
+            error = err
+    if acc.num_processes > 1:
+        box = [(result, str(error) if error else None)]
+        torch.distributed.broadcast_object_list(box, src=0)
+        result, message = box[0]
+        if message and error is None:
+            raise UserError(message)
+    if error is not None:
+        raise error
+    return result

@@ -4,7 +4,8 @@
     sanarl validate --config PRESET PLUGIN [--set ...]                                 resolve + print the plan
     sanarl presets [--copy NAME DIR]                                                   list / copy shipped presets
 
-Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure.
+Exit codes: 0 ok, 2 bad input (message names the key / file and the fix), 1 internal failure, 3 training
+diverged, 130 / 143 stopped by SIGINT / SIGTERM after a final checkpoint (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -160,7 +161,9 @@ def _validate(
     from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
+    from sanarl.models.tiny import check_tiny_name
     from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
+    from sanarl.training.setup import check_writable
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
@@ -169,6 +172,9 @@ def _validate(
         from sanarl.tools.capacity.accelerators import accelerator
 
         accelerator(capacity[0])
+    check_writable(cfg.train.output_dir)
+    if cfg.policy.model_name_or_path.startswith(TINY_PREFIX):
+        check_tiny_name(cfg.policy.model_name_or_path[len(TINY_PREFIX) :])
     world_size = world_size or planned_world_size(loaded.cosmos)
     plugin = resolve_plugin(plugin_spec, notice=_note_out)
     check_plugin(plugin)

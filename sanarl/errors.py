@@ -28,3 +28,25 @@ class DataError(UserError):
 
 class WeightsError(UserError):
     """Model weights are not available locally (and the hub cannot be reached)."""
+
+
+class RunStopped(Exception):
+    """A run stopped on purpose before its end (not bad input): the CLI prints the message and exits with
+    `exit_code`, without a traceback."""
+
+    exit_code = 1
+
+
+class Interrupted(RunStopped):
+    """SIGINT (exit 130) or SIGTERM (exit 143) stopped the run at a step boundary, after a final checkpoint."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class Diverged(RunStopped):
+    """The loss, the gradients or the weights became non-finite: the run stops before any checkpoint or export
+    holds them. Exit code 3."""
+
+    exit_code = 3

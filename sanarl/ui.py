@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from sanarl.errors import UserError
+from sanarl.errors import RunStopped, UserError
 
 console = Console(stderr=True)
 """Messages, progress and errors (stderr)."""
@@ -22,7 +22,8 @@ out = Console()
 
 
 def guarded(debug: bool, fn: Callable[..., Any], *args: Any) -> None:
-    """Run fn; bad input -> message + exit 2, other failures -> traceback + exit 1."""
+    """Run fn; bad input -> message + exit 2, a run stopped on purpose (signal, divergence) -> message + its exit
+    code, other failures -> traceback + exit 1."""
     try:
         fn(*args)
     except UserError as err:
@@ -31,6 +32,11 @@ def guarded(debug: bool, fn: Callable[..., Any], *args: Any) -> None:
         console.print(
             f"[bold red]error:[/] {escape(str(err))}", highlight=False
         )  # brackets are text, not markup
+        raise SystemExit(err.exit_code) from None
+    except RunStopped as err:
+        if debug:
+            traceback.print_exc()
+        console.print(f"[bold yellow]stopped:[/] {escape(str(err))}", highlight=False)
         raise SystemExit(err.exit_code) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")

@@ -13,6 +13,11 @@ from sanarl.config.methods import trainer_types
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 
+MAX_SEED = 2**32 - 1
+"""The largest `train.seed` (per-step seeds add the step and rank to it; numpy takes 32-bit seeds)."""
+MAX_LR = 1.0
+"""The largest `train.optm_lr` accepted (inf, nan and absurd values fail validation, not the run)."""
+
 
 def require(ok: bool, message: str) -> None:
     if not ok:
@@ -37,6 +42,10 @@ def check_rewards(cfg: Config) -> None:
     base = "train.train_policy.remote_reward"
     for i, fn in enumerate(rr.reward_fns):
         require(
+            math.isfinite(fn.weight),
+            f"`{base}.reward_fns[{i}].weight` = {fn.weight!r} must be a finite number (e.g. 1.0).",
+        )
+        require(
             bool(fn.name.strip()),
             f"`{base}.reward_fns[{i}].name` is empty; give each [[{base}.reward_fns]] entry a reward name, "
             'e.g. name = "pickscore".',
@@ -47,6 +56,7 @@ def check_rewards(cfg: Config) -> None:
                 f"`{base}.reward_fns[{i}]` ({fn.name}): clip_min = {fn.clip_min} must be below clip_max = "
                 f"{fn.clip_max}; fix or remove one of them.",
             )
+    require(math.isfinite(rr.scale), f"`{base}.scale` = {rr.scale!r} must be a finite number (e.g. 1.0).")
     at_least(rr.video_frame_stride, f"{base}.video_frame_stride", 1)
     if rr.reward_clip_min is not None and rr.reward_clip_max is not None:
         require(
@@ -109,6 +119,11 @@ def check_optimizer(cfg: Config) -> None:
     t = cfg.train
     at_least(t.optm_lr, "train.optm_lr", 0, strict=True)
     require(
+        t.optm_lr <= MAX_LR,
+        f"`train.optm_lr` = {t.optm_lr!r} is out of range; it must lie in (0, {MAX_LR:g}] (a learning rate above "
+        f"{MAX_LR:g} diverges at once: non-finite losses and weights). Typical values: 1e-5 to 1e-3.",
+    )
+    require(
         len(t.optm_betas) == 2 and all(0 <= b < 1 for b in t.optm_betas),
         f"`train.optm_betas` = {t.optm_betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999].",
     )
@@ -127,6 +142,10 @@ def check_run(cfg: Config) -> None:
     require(
         bool(cfg.policy.model_name_or_path.strip()),
         '`policy.model_name_or_path` is empty; set a hub id, a local pipeline dir or "sanarl-tiny:shapes".',
+    )
+    require(
+        0 <= t.seed <= MAX_SEED,
+        f"`train.seed` = {t.seed} is out of range; it must lie in [0, {MAX_SEED}] (the generators' seed range).",
     )
     at_least(t.epoch, "train.epoch", 1)
     if t.max_num_steps is not None:

@@ -28,6 +28,7 @@ def add_lora_adapters(
     """Inject one LoRA adapter per name; every adapter starts from the same weights as `trainable`."""
     from peft import LoraConfig
 
+    check_targets(module, target_modules)
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -52,6 +53,23 @@ def add_lora_adapters(
     activate_adapter(module, trainable)
     for pname, param in module.named_parameters():
         param.requires_grad_(f".{trainable}." in pname and "lora_" in pname)
+
+
+def check_targets(module: nn.Module, target_modules: list[str]) -> None:
+    """Every `[policy.lora].target_modules` entry names modules of `module` (peft's rule: the whole name or its
+    dotted suffix); raises UserError listing a few real names otherwise."""
+    from sanarl.errors import UserError
+
+    names = [n for n, _ in module.named_modules()]
+    unmatched = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if unmatched:
+        linear = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+        suffixes = list(dict.fromkeys(".".join(n.split(".")[-2:]) for n in linear))
+        raise UserError(
+            f"`policy.lora.target_modules` entries {unmatched} match no layer of the model; real layer names end "
+            f"in e.g. {', '.join(suffixes[:8])}. Fix the names, or leave target_modules empty for the model "
+            "family's default."
+        )
 
 
 def adapter_parameters(module: nn.Module, name: str) -> dict[str, nn.Parameter]:

@@ -172,14 +172,14 @@ def read_prompt(path: Path) -> str:
         DataError: naming the file when it is not valid JSON, not an object, or has no string "prompt".
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise DataError(
             f"Cannot read {str(path)!r}: {exc}. Check the file's permissions or delete it."
         ) from exc
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise DataError(
             f"Malformed JSON in {str(path)!r}: {exc}. Each <stem>.json must be a UTF-8 JSON object such as "
             '{"prompt": "a red cube"}; fix or delete the file.'
@@ -428,8 +428,8 @@ def read_prompt_list(path: Path, key: str = VAL_KEY) -> list[dict[str, Any]]:
     """
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"`{key}`: cannot read {str(path)!r} as JSON ({exc}).") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise DataError(f"`{key}`: cannot read {str(path)!r} as JSON ({type(exc).__name__}: {exc}).") from exc
     if not isinstance(rows, list) or not rows:
         raise DataError(
             f'`{key}`: {str(path)!r} must be a non-empty JSON array such as [{{"prompt": "a red cube"}}, ...] '

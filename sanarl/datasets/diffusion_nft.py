@@ -261,7 +261,7 @@ def read_jsonl(path: Path, key: str, check: Callable[[dict], str | None] | None 
         where = f"`{key}`: {str(path)!r} line {number}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise DataError(f"{where} is not valid JSON ({exc}). Each line must be one JSON object.") from exc
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
             raise DataError(

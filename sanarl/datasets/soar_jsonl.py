@@ -146,7 +146,7 @@ def pick_caption(value: Any, where: str) -> str:
     if isinstance(value, str) and value.lstrip().startswith("{"):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass  # a caption that merely starts with "{" is still a caption
     if isinstance(value, dict):
         chosen = _levelled(value)
@@ -181,6 +181,8 @@ def parse_line(text: str, where: str) -> tuple[str, str, int, int]:
     """
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{where}: the JSON nests too deeply to read; fix or delete the line.") from None
     except json.JSONDecodeError as exc:
         raise DataError(
             f"{where}: malformed JSON ({exc.msg} at column {exc.colno}). Each line must be one JSON object such as "

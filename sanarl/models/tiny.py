@@ -183,6 +183,15 @@ SHIPPED: dict[str, str] = {
 """Trained tiny pipelines shipped as package data in sanarl/data/models/ (fp16), by tiny name."""
 
 
+def check_tiny_name(name: str) -> None:
+    """Raise WeightsError (naming the known ones) when `name` is no tiny model."""
+    if name not in SHIPPED and name not in TINY_BUILDERS:
+        raise WeightsError(
+            f"unknown tiny model `sanarl-tiny:{name}` in `policy.model_name_or_path`; known: "
+            + ", ".join(f"sanarl-tiny:{k}" for k in [*TINY_BUILDERS, *SHIPPED])
+        )
+
+
 def ensure_tiny_pipeline(name: str) -> Path:
     """Directory of the tiny pipeline `name`: a shipped trained one, or a random-init one built into the cache."""
     if name in SHIPPED:
@@ -194,11 +203,7 @@ def ensure_tiny_pipeline(name: str) -> Path:
                 f"--model {name}`."
             )
         return path
-    if name not in TINY_BUILDERS:
-        raise WeightsError(
-            f"unknown tiny model `sanarl-tiny:{name}` in `policy.model_name_or_path`; known: "
-            + ", ".join(f"sanarl-tiny:{k}" for k in [*TINY_BUILDERS, *SHIPPED])
-        )
+    check_tiny_name(name)
     target = cache_dir() / "tiny" / f"{name}-v{TINY_VERSION}"
     if (target / "model_index.json").is_file():
         return target

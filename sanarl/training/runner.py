@@ -17,9 +17,12 @@ layout whatever the world size and sharding; resuming it needs the same world si
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -29,10 +32,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
 from sanarl.core.media import save_media
-from sanarl.errors import UserError
+from sanarl.errors import Diverged, Interrupted, UserError
 from sanarl.rewards.scoring import build_rewards, score_images
 from sanarl.rewards.summary import describe
-from sanarl.training.checkpoint import load_checkpoint, load_extra, resolve_resume, save_checkpoint
+from sanarl.training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_extra,
+    resolve_resume,
+    save_checkpoint,
+    umask_modes,
+)
 from sanarl.training.data import step_generator
 from sanarl.training.distributed import (
     full_parameters,
@@ -45,10 +55,13 @@ from sanarl.training.distributed import (
     shard_like,
 )
 from sanarl.training.ema import EMA
+from sanarl.training.faults import pause_point
 from sanarl.training.guard import Guard, check_reward_keys, image_guard_stats
 from sanarl.training.protocol import Task, planned_steps, run_settings
+from sanarl.training.resume import ResumePlan
 from sanarl.training.sampling import GenerationSpec, generate_images
 from sanarl.training.setup import build_optimizer, warmup_schedule
+from sanarl.training.stopping import StopRequests
 from sanarl.training.tracking import MetricsLogger, plot_metrics
 
 
@@ -65,8 +78,20 @@ class RunResult:
 class Runner:
     """Owns the loop; the task owns data and objective."""
 
-    def __init__(self, cfg: Config, task: Task, accelerator: Accelerator, run_dir: Path) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        task: Task,
+        accelerator: Accelerator,
+        run_dir: Path,
+        plan: ResumePlan | None = None,
+        record: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`plan`: the checkpoint to resume from (sanarl/training/resume.py; None: `train.resume` resolved here,
+        unverified); `record`: what every checkpoint's meta.json records besides the step (config, plugin)."""
         self.cfg, self.task, self.acc, self.run_dir = cfg, task, accelerator, run_dir
+        self.record = dict(record or {})
+        self.stops = StopRequests(notice=lambda text: self.console.print(f"[yellow]{text}[/]"))
         self.console = Console()
         self.ckpt_root = run_dir / "checkpoints"
         if not task.trainable_parameters():
@@ -90,10 +115,12 @@ class Runner:
         self.start_step = 0
         self._held_out = None
         self.guard = self._build_guard()
-        try:
-            self.resume_path = resolve_resume(cfg.train.resume, self.ckpt_root)
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        if plan is None:
+            try:
+                plan = ResumePlan(path=resolve_resume(cfg.train.resume, self.ckpt_root))
+            except ValueError as err:
+                raise UserError(str(err)) from None
+        self.resume_path = plan.path
 
     def _build_guard(self):
         """The reward-hacking alarm of `[validation.guard]` (sanarl/training/guard.py), or None; its held-out rewards are
@@ -130,16 +157,60 @@ class Runner:
         return tensors, state
 
     def save(self, step: int) -> None:
-        """Checkpoint `step`: every rank gathers, rank 0 writes, all wait for it."""
+        """Checkpoint `step`: every rank gathers, rank 0 writes, all wait for it (and share its failure: a full
+        disk stops every rank with exit 2). Non-finite weights are never saved (`Diverged`)."""
         ckpt = self.cfg.train.ckpt
         if not ckpt.enable_checkpoint:
             return
+        self._check_finite_weights(step, "checkpoint")
         tensors, state = self._full_state()
+        error = ""
         if self.acc.is_main_process:
-            meta = {"world_size": self.acc.num_processes, "distributed_type": self.acc.distributed_type.value}
+            meta = {
+                **self.record,
+                "world_size": self.acc.num_processes,
+                "distributed_type": self.acc.distributed_type.value,
+            }
             extras = {"guard": self.guard.checkpoint_state()} if self.guard is not None else None
-            save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep, extras)
-        self.acc.wait_for_everyone()
+            try:
+                save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep, extras)
+            except CheckpointError as err:
+                error = str(err)
+        error = self._from_main(error)
+        if error:
+            raise CheckpointError(error)
+
+    def _from_main(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (a barrier too)."""
+        if self.acc.num_processes == 1:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # --- divergence -----------------------------------------------------------------------------------------------
+    def _check_finite_weights(self, step: int, before: str) -> None:
+        """Raise `Diverged` (on every rank) when a trained weight or the EMA shadow holds inf / nan."""
+        tensors = list(self.params) + (list(self.ema.shadow) if self.ema is not None else [])
+        finite = [
+            torch.isfinite(_local(t)).all() for t in tensors
+        ]  # one device sync below, not one per tensor
+        bad = (~torch.stack(finite).all()).float().reshape(1).to(self.acc.device)
+        if self.acc.num_processes > 1:
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        if bad.item() > 0:
+            self._diverged(step, f"the weights hold inf / nan before the {before} of step {step}")
+
+    def _diverged(self, step: int, what: str) -> None:
+        t = self.cfg.train
+        raise Diverged(
+            f"training diverged at step {step}: {what}. Nothing was saved or exported from it; the newest "
+            f"checkpoint in {self.ckpt_root} (if any) holds finite weights. Likely causes: a learning rate too high "
+            f"(train.optm_lr = {t.optm_lr:g}), no gradient clipping (train.optm_grad_norm_clip = "
+            f"{t.optm_grad_norm_clip:g}), float16 overflow (train.param_dtype = {t.param_dtype}) or non-finite "
+            "training data. Start again with a lower `train.optm_lr` (`train.resume = false` or another "
+            "`train.output_dir`)."
+        )
 
     def maybe_resume(self) -> None:
         """Load `self.resume_path` on every rank (multi-node: the output dir must be on a shared filesystem)."""
@@ -154,6 +225,7 @@ class Runner:
                 "per (seed, step, rank), so only then does the run continue exactly), or start a new run from its "
                 "export (docs/multi-gpu.md, 'Resuming')."
             )
+        self._check_shapes(path, tensors)
         self.task.load_state_tensors(tensors["model"])  # FSDP: every rank keeps its shard
         self.task.after_resume()  # e.g. inference copies re-merged from the restored weights
         load_optimizer_state(self.acc, self.wrapped, self.optimizer, state["optimizer"])
@@ -166,6 +238,29 @@ class Runner:
         self.start_step = int(meta["step"])
         self._restore_guard(path)
         self.console.print(f"[bold]resumed[/] from {path} at step {self.start_step}")
+
+    def _check_shapes(self, path: Path, tensors: dict[str, dict[str, torch.Tensor]]) -> None:
+        """The checkpoint's model (and EMA) tensors are this model's: same names and shapes."""
+        expected = {k: tuple(v.shape) for k, v in self.task.state_tensors().items()}
+        groups = {"model": expected}
+        if self.ema is not None:
+            groups["ema"] = {n: tuple(s.shape) for n, s in zip(self.ema.names, self.ema.shadow, strict=True)}
+        for group, want in groups.items():
+            if group not in tensors:
+                raise UserError(
+                    f"{path / (group + '.safetensors')} is missing (train.ema_enable = true needs the EMA shadow); "
+                    "resume from another checkpoint with `train.resume = <path>`, or start fresh with "
+                    "`train.resume = false`."
+                )
+            have = {k: tuple(v.shape) for k, v in tensors[group].items()}
+            if have != want:
+                odd = sorted(set(have) ^ set(want)) or [k for k in want if have[k] != want[k]]
+                raise UserError(
+                    f"{path / (group + '.safetensors')} does not fit this model ({len(have)} tensors vs "
+                    f"{len(want)}; first differences: {', '.join(odd[:3])}): it is another model's or another "
+                    "LoRA shape's. Point `train.resume` at a checkpoint of this model, or set "
+                    "`train.resume = false` to start fresh."
+                )
 
     def _restore_guard(self, path: Path) -> None:
         """Rank 0's guard continues from the checkpoint's history (`guard.pt`) up to its step; what the run left
@@ -201,6 +296,9 @@ class Runner:
                 sums[k] = sums.get(k, 0.0) + float(v) / len(micro)
         clip = self.cfg.train.optm_grad_norm_clip
         grad_norm = self.acc.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        # the same global norm on every rank; float16's loss scaler skips such steps itself
+        if not math.isfinite(scalar(grad_norm)) and self.cfg.train.param_dtype != "float16":
+            self._diverged(step + 1, f"the gradient norm is {scalar(grad_norm)} (the update was not applied)")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -356,10 +454,12 @@ class Runner:
         if not self.cfg.train.ckpt.export_safetensors:
             return None
         target = self.run_dir / "export"
+        self._check_finite_weights(self.total_steps, "export")
         with self.ema_weights(), full_parameters(self.wrapped):
             if self.acc.is_main_process:
                 target.mkdir(parents=True, exist_ok=True)
                 self.task.export(target)
+                umask_modes(target)
         self.acc.wait_for_everyone()
         return target if self.acc.is_main_process else None
 
@@ -375,14 +475,30 @@ class Runner:
         self.maybe_resume()
         logger = self._open_logger()
         try:  # the logger is closed on every exit, an error mid-run included
-            val = self.cfg.validation
-            if val.enable and val.val_before_train and self.start_step == 0:
-                self.validate(0, logger)
-                self._guard_after_validation(0, logger)
-            metrics, guard_stop = self._train_loop(logger)
-            export_dir = self._finish(logger, guard_stop)
+            with self.stops.installed():
+                return self._run_logged(logger)
         finally:
             logger.close()
+
+    def _stop_on_signal(self, done: int, signum: int) -> None:
+        """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then `Interrupted`."""
+        import signal
+
+        self.save(done)
+        name = signal.Signals(signum).name
+        where = self.ckpt_root if self.cfg.train.ckpt.enable_checkpoint else "nowhere (checkpoints are off)"
+        raise Interrupted(
+            f"{name} at step {done}: checkpoint written to {where}; continue with `--set train.resume=true`.",
+            signum,
+        )
+
+    def _run_logged(self, logger: MetricsLogger) -> RunResult:
+        val = self.cfg.validation
+        if val.enable and val.val_before_train and self.start_step == 0:
+            self.validate(0, logger)
+            self._guard_after_validation(0, logger)
+        metrics, guard_stop = self._train_loop(logger)
+        export_dir = self._finish(logger, guard_stop)
         self.acc.wait_for_everyone()
         return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
 
@@ -398,6 +514,7 @@ class Runner:
                 enabled=self.acc.is_main_process,
                 resume=self.start_step > 0,
                 resume_step=self.start_step,
+                notice=lambda text: self.console.print(f"[yellow]note:[/] {text}", highlight=False),
             )
         except ImportError as err:
             raise UserError(str(err)) from None
@@ -422,6 +539,12 @@ class Runner:
                 metrics = self.train_step(step)
                 done = step + 1
                 logger.log(done, metrics)
+                if not math.isfinite(metrics.get("loss", 0.0)):  # reduced: the same on every rank
+                    self._diverged(done, f"the loss is {metrics['loss']}")
+                pause_point(f"step_{done}")
+                signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
+                if signum:
+                    self._stop_on_signal(done, signum)
                 if self.guard is not None:
                     self.guard.record_step(done, metrics)
                 if self._out_of_time(started):
@@ -482,6 +605,11 @@ class Runner:
                 logger.path, self.run_dir / "metrics.png", ["reward/mean", "loss", "policy_loss", "grad_norm"]
             )
         return export_dir
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly FSDP-sharded DTensor) tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _short(metrics: dict[str, float]) -> str:

@@ -4,6 +4,7 @@ run directory (checked before anything is written)."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -39,15 +40,29 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
 
 
 def check_writable(output_dir: str) -> Path:
-    """Fail with exit code 2, before anything is written, when `output_dir` cannot be created or written."""
+    """Fail with exit code 2, before anything is written, when `output_dir` cannot be created or written (a name
+    too long for the file system, a directory that refuses new entries: probed with a temporary directory that is
+    removed at once)."""
     run_dir = Path(output_dir).expanduser().absolute()
+    fix = "choose another directory with `--set train.output_dir=...`."
+    longest = max(run_dir.parts, key=lambda part: len(part.encode()))
+    if len(longest.encode()) > 255 or len(str(run_dir).encode()) > 4000:
+        raise UserError(
+            f"`train.output_dir` is too long for a file system (a name of {len(longest.encode())} bytes; at most 255 "
+            f"per name, 4000 in all); {fix}"
+        )
     probe = run_dir
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    problem = None if probe.is_dir() else "is not a directory"
+    if problem is None:
+        try:
+            tempfile.TemporaryDirectory(dir=probe, prefix=".sanarl-probe-").cleanup()
+        except OSError as err:
+            problem = f"refuses new entries: {err.strerror}"
+    if problem or not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(
-            f'`train.output_dir = "{output_dir}"` cannot be written ({probe} is not a writable directory); '
-            "choose another directory with `--set train.output_dir=...`."
+            f'`train.output_dir = "{output_dir}"` cannot be written ({probe} {problem or "is not writable"}); {fix}'
         )
     return run_dir
 

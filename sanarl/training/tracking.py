@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sanarl.training.faults import pause_point
 
 
 class MetricsLogger:
@@ -26,9 +30,11 @@ class MetricsLogger:
         enabled: bool = True,
         resume: bool = False,
         resume_step: int | None = None,
+        notice: Callable[[str], None] = print,
     ) -> None:
         """`resume`: append to an existing metrics.jsonl, first dropping records after `resume_step` (steps a killed
-        run logged after its last checkpoint, which the resumed run repeats)."""
+        run logged after its last checkpoint, which the resumed run repeats) and unreadable lines (a kill mid-write;
+        `notice` names them). The trimmed file replaces the old one atomically."""
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._wandb = None
@@ -38,12 +44,29 @@ class MetricsLogger:
         if not resume and self.path.exists():
             self.path.unlink()
         if resume and resume_step is not None and self.path.exists():
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self._trim(resume_step, notice)
         if "wandb" in loggers:
             self._wandb = _start_wandb(project, experiment or run_dir.name, config, run_dir)
         if "tensorboard" in loggers:
             self._tb = _start_tensorboard(run_dir / "tensorboard")
+
+    def _trim(self, resume_step: int, notice: Callable[[str], None]) -> None:
+        bad: list[int] = []
+        records = read_metrics(self.path, bad_lines=bad)
+        if bad:
+            notice(
+                f"{self.path}: dropped unreadable line(s) {', '.join(map(str, bad[:20]))} (a write cut short?)"
+            )
+        kept = [r for r in records if _step_of(r) <= resume_step]
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # left by a kill mid-rewrite
+            stale.unlink(missing_ok=True)
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with temp.open("w") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in kept))
+            fh.flush()
+            os.fsync(fh.fileno())
+        pause_point("metrics_rewrite")
+        os.replace(temp, self.path)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one step's metrics (non-finite values are written as null in the JSON)."""
@@ -125,9 +148,27 @@ def _start_tensorboard(log_dir: Path):
     return SummaryWriter(str(log_dir))
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_metrics(path: Path, bad_lines: list[int] | None = None) -> list[dict[str, Any]]:
+    """All records (JSON objects) of a metrics.jsonl file; lines that are not one (cut short by a kill, garbage,
+    not UTF-8) are skipped, their 1-based numbers appended to `bad_lines` when given."""
+    records = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif bad_lines is not None:
+            bad_lines.append(number)
+    return records
+
+
+def _step_of(record: dict[str, Any]) -> float:
+    step = record.get("step", 0)
+    return step if isinstance(step, int | float) else math.inf
 
 
 def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path | None:

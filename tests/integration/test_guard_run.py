@@ -84,12 +84,14 @@ def test_a_resumed_run_fires_against_the_best_from_before_the_resume_and_rolls_b
     kept_before = sorted(p.name for p in (tmp_path / "guard").glob("step_*"))
     resume = ("train.max_num_steps=4", "train.resume=true", *GUARD)
 
-    # an unreadable guard.pt stops the resume with exit 2, naming the file, and changes nothing on disk
+    # a damaged guard.pt fails the checkpoint's checksums: with no other checkpoint the resume stops with exit 2,
+    # naming the file, and changes nothing on disk (an unreadable guard.pt of a checkpoint without checksums:
+    # tests/unit/test_checkpoint_tracking.py)
     saved = tmp_path / "checkpoints" / "step_00000002" / "guard.pt"
     good, files_before = saved.read_bytes(), sorted(str(p) for p in tmp_path.rglob("*"))
     saved.write_bytes(b"not a torch file")
     code, _, stderr = run_cli(*base, *[x for s in resume for x in ("--set", s)])
-    assert code == 2 and "guard.pt is not a readable checkpoint file" in " ".join(stderr.split())
+    assert code == 2 and f"{saved}doesnotmatchitschecksum" in "".join(stderr.split())
     assert sorted(str(p) for p in tmp_path.rglob("*")) == files_before
     saved.write_bytes(good)
 

@@ -30,7 +30,8 @@ def test_round_trip_and_rotation(tmp_path):
     assert [p.name for p in kept] == ["step_00000010", "step_00000015"]
     tensors, state, meta = load_checkpoint(kept[-1])
     assert torch.equal(tensors["model"]["w"], torch.full((2, 2), 15.0))
-    assert state == {"optimizer": {"lr": 0.1}} and meta == {"world_size": 1, "step": 15}
+    assert state == {"optimizer": {"lr": 0.1}} and meta["world_size"] == 1 and meta["step"] == 15
+    assert set(meta["files"]) == {"model.safetensors", "ema.safetensors", "state.pt"}  # sha256 of each
     assert not list(tmp_path.glob(".staging-*"))
 
 
@@ -109,3 +110,34 @@ def test_resumed_logger_appends(tmp_path):
     fresh = MetricsLogger(tmp_path, ["console"], project="p", experiment="e", config={}, resume=False)
     fresh.log(1, {"loss": 3.0})
     assert [r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [3.0]
+
+
+def test_the_checksum_is_a_sha256_over_the_sha256_of_each_block(tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    from sanarl.training import checkpoint
+
+    monkeypatch.setattr(checkpoint, "BLOCK", 1000)
+    data = os.urandom(3500)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    blocks = [hashlib.sha256(data[i : i + 1000]).digest() for i in range(0, len(data), 1000)]
+    assert checkpoint.file_sha256(path) == hashlib.sha256(b"".join(blocks)).hexdigest()
+    (tmp_path / "empty").write_bytes(b"")
+    assert (
+        checkpoint.file_sha256(tmp_path / "empty") == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
+    )
+
+
+def test_recover_root_puts_back_a_checkpoint_moved_aside_and_drops_leftovers(tmp_path):
+    from sanarl.training.checkpoint import recover_root
+
+    save(tmp_path, 4).rename(tmp_path / ".old-step_00000004")  # killed between the two renames
+    save(tmp_path, 6)
+    (tmp_path / ".old-step_00000006").mkdir()  # killed after the new one was in, before the old was deleted
+    (tmp_path / ".staging-x").mkdir()
+    (tmp_path / "step_00000008").mkdir()
+    notices = recover_root(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000006"]
+    assert len(notices) == 3 and "restored" in notices[0]

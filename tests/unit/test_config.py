@@ -59,10 +59,10 @@ def test_empty_preset_gives_schema_defaults_and_absolute_source(tmp_path: Path) 
 
 
 def test_values_are_read_and_int_is_accepted_for_float(tmp_path: Path) -> None:
-    text = '[train]\nepoch = 3\noptm_lr = 2\noptm_betas = [0, 0.5]\n[policy]\nmodel_name_or_path = "a/b"\n'
+    text = '[train]\nepoch = 3\noptm_lr = 1\noptm_betas = [0, 0.5]\n[policy]\nmodel_name_or_path = "a/b"\n'
     cfg = load_config(write(tmp_path, text)).config
     assert cfg.train.epoch == 3
-    assert cfg.train.optm_lr == 2.0 and type(cfg.train.optm_lr) is float
+    assert cfg.train.optm_lr == 1.0 and type(cfg.train.optm_lr) is float
     assert cfg.train.optm_betas == [0.0, 0.5] and all(type(b) is float for b in cfg.train.optm_betas)
     assert cfg.policy.model_name_or_path == "a/b"
     assert cfg.train.seed == 42  # untouched default
@@ -289,7 +289,7 @@ def test_alias_and_ignored_key_in_overrides() -> None:
         ("train.ema_enable=0", lambda c: c.train.ema_enable, False),
         ("train.seed=7", lambda c: c.train.seed, 7),
         ("train.optm_lr=3e-5", lambda c: c.train.optm_lr, 3e-5),
-        ("train.optm_lr=2", lambda c: c.train.optm_lr, 2.0),
+        ("train.optm_lr=1", lambda c: c.train.optm_lr, 1.0),
         (
             "policy.diffusers.inference_size=[512, 256]",
             lambda c: c.policy.diffusers.inference_size,

@@ -272,6 +272,7 @@ def test_empty_split_file_in_a_folder_names_the_file(tmp_path: Path) -> None:
         ({"bad.jsonl": '{"text": "no prompt key"}\n'}, 'line 1 has no non-empty "prompt" string'),
         ({"bad.csv": "a,b\n"}, "is neither .txt (one prompt a line) nor .jsonl"),
         ({"bad.txt": b"caf\xe9\n"}, "is not UTF-8 text"),
+        ({"deep.jsonl": '{"prompt": "ok"}\n' + "[" * 100_000 + "\n"}, "line 2 is not valid JSON"),
     ],
 )
 def test_malformed_files(tmp_path: Path, files: dict[str, str | bytes], expect: str) -> None:
