@@ -9,7 +9,7 @@ from sanarl.config.schema import Config
 from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
-from sanarl.training.distributed import enable_fsdp_on_cpu
+from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
 from sanarl.training.protocol import Task
 from sanarl.training.runner import Runner, RunResult
 from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
@@ -47,6 +47,7 @@ def _accelerator(mixed_precision: str, cpu: bool):
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=False)
+    drop_single_process_state()
     acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     enable_fsdp_on_cpu(acc)
     return acc
@@ -62,7 +63,7 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     check_plugin(plugin)
     cls = task_class(cfg)
     check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
-    acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
+    acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=on_cpu())
     run_dir = check_writable(cfg.train.output_dir)
     torch.manual_seed(cfg.train.seed)
     with acc.main_process_first():  # rank 0 builds / downloads into the shared cache first

@@ -41,15 +41,14 @@ def train(
 
 
 def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: bool) -> None:
-    from accelerate import PartialState
-
     from sanarl import api
     from sanarl.config import load_config
     from sanarl.config.plugins import cosmos_plugin, resolve_plugin
     from sanarl.rewards.preflight import check_reward_names
+    from sanarl.training.distributed import launch_state
 
     loaded = load_config(resolve_preset_path(config), overrides or [])
-    main_process = PartialState().is_main_process
+    main_process = launch_state().is_main_process
     plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
     resolve_plugin(plugin_spec)  # before the reward check: a plugin may register rewards
     reward_warnings = [line for line in check_reward_names(loaded.config) if line.startswith("warning: ")]
