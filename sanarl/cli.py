@@ -51,17 +51,17 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
     main_process = launch_state().is_main_process
     plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
     resolve_plugin(plugin_spec)  # before the reward check: a plugin may register rewards
-    reward_warnings = [line for line in check_reward_names(loaded.config) if line.startswith("warning: ")]
+    reward_warnings = check_reward_names(loaded.config)
     if main_process:
         for note in loaded.notes:
             _note(note)
-        for line in reward_warnings:
-            console.print(f"[yellow]warning:[/] {line.removeprefix('warning: ')}", highlight=False)
+        _print_warnings(reward_warnings)
     outcome = api.train(
         loaded,
         plugin_spec,
         dry_run=dry_run,
         on_plan=lambda rows, run_dir: _print_plan(loaded.config, rows, loaded.ignored, run_dir),
+        on_preflight=_print_warnings,
     )
     if not main_process:
         return
@@ -71,6 +71,12 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
     out.print(f"[bold green]done[/]: {outcome.result.steps} steps -> {outcome.result.run_dir}")
     if outcome.result.export_dir is not None:
         out.print(f"exported model: {outcome.result.export_dir}")
+
+
+def _print_warnings(lines: list[str]) -> None:
+    for line in lines:
+        if line.startswith("warning: "):
+            console.print(f"[yellow]warning:[/] {line.removeprefix('warning: ')}", highlight=False)
 
 
 def _note(text: str) -> None:
@@ -137,6 +143,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
+    from sanarl.training.preflight import preflight
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
@@ -148,16 +155,18 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     reward_report = check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
     check_reward_prompts(cfg, plugin)
+    name = cfg.policy.model_name_or_path
+    model_here = name.startswith(TINY_PREFIX) or local_weights(name, cfg.policy.model_revision) is not None
+    reward_report += preflight(cfg, plugin, dataset=dataset, strict=model_here)
     val_rows = _validation_rows(cfg, plugin)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size) + val_rows, [], cfg.train.output_dir)
     for line in [*reward_report, *report(loaded.cosmos), *_default_report(loaded)]:
         out.print(line, highlight=False)
     for note in [*loaded.notes, *getattr(dataset, "notes", [])]:
         _note_out(note)
-    name = cfg.policy.model_name_or_path
     if name.startswith(TINY_PREFIX):
         out.print(f"weights: {name} is built locally on first use (no download).")
-    elif local_weights(name, cfg.policy.model_revision) is None:
+    elif not model_here:
         out.print(
             f"[yellow]warning:[/] weights for {name} are not available locally; training will stop at start. "
             f"Run `hf download {name}` where the Hub is reachable (and share HF_HOME), or set "

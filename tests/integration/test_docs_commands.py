@@ -51,6 +51,11 @@ NOT_RUN: list[tuple[str, str]] = [
         r"^export |^curl |^UUID=|^python - <<",
         "the live reward-service walkthrough (tests/service/ drives it)",
     ),
+    (
+        r"--set train\.train_policy\.use_remote_reward=true$",
+        "needs the reward service and REMOTE_REWARD_* of the walkthrough: tests/service/test_trainer_remote.py "
+        "validates this command against a live service (and trains the same way)",
+    ),
     (r"--checkpoint outputs/sana-nft", "needs a trained SANA 1.5 run and GenEval / PickScore weights (GPU)"),
     (
         r"--checkpoint outputs/nft-guard/",
