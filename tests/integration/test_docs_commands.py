@@ -40,7 +40,10 @@ EXAMPLE_PLUGIN = "examples/plugins/my_prompts.py"
 
 NOT_RUN: list[tuple[str, str]] = [
     (r"^pip |^apt-get ", "installs packages: CI's own install (.ci/run) and scripts/check_wheel.sh do this"),
-    (r"^bash scripts/test\.sh|^python -m pytest", "the test suite itself (CI runs it)"),
+    (
+        r"^bash scripts/(test|install_test_deps)\.sh|^python -m pytest",
+        "the test suite and its install (CI runs them: tests/unit/test_ci_command.py)",
+    ),
     (r"^hf download|^python -c \"import torch, torchvision", "downloads weights (no network in tests)"),
     (r"^mkdir -p reward_ckpts|^cp ", "places downloaded reward weights (docs/rewards.md)"),
     (
