@@ -334,6 +334,22 @@ def _exit_past_lingering_threads(code: object) -> None:
         os._exit(code)
 
 
+def _check_not_a_misspelt_command(word: str) -> None:
+    """A first word that is no command but is spelt like one (`sanarl trian ...`) is refused by name, rather than
+    read as the dataset plugin of a training run; words that look like a plugin (a file, a dotted module) pass."""
+    from sanarl.config.suggest import closest
+    from sanarl.errors import UserError
+
+    commands = ["train", *SUBCOMMANDS]
+    close = closest(word, commands, cutoff=0.75)
+    if close is None or "." in word or "/" in word or Path(word).exists() or Path(f"{word}.py").exists():
+        return
+    raise UserError(
+        f"unknown command '{word}' (did you mean '{close}'?); the commands are {', '.join(commands)} "
+        "(`sanarl --help`)."
+    )
+
+
 def _dispatch(args: list[str]) -> None:
     if not args or args[0] in HELP_FLAGS:
         print(overview())
@@ -343,6 +359,8 @@ def _dispatch(args: list[str]) -> None:
         return
     if args[0] == "train":
         args = args[1:]
+    elif not args[0].startswith("-"):
+        guarded(False, _check_not_a_misspelt_command, args[0])
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(help=train.__doc__)(train)
     app(args, prog_name="sanarl", standalone_mode=True)

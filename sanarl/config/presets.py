@@ -18,6 +18,7 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
+from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
 PRESET_SUFFIX = ".toml"
@@ -91,8 +92,10 @@ def copy_preset(name: str, directory: Path) -> Path:
     """
     source = presets_dir() / f"{name.removesuffix(PRESET_SUFFIX)}{PRESET_SUFFIX}"
     if not source.is_file():
+        close = closest(name.removesuffix(PRESET_SUFFIX), preset_names(), cutoff=0.7)
+        hint = f" Did you mean `{close}` (`sanarl presets --copy {close} {directory}`)?" if close else ""
         raise ConfigError(
-            f"`{name}` is not a shipped preset; `sanarl presets` lists them: {', '.join(preset_names())}."
+            f"`{name}` is not a shipped preset.{hint} `sanarl presets` lists them: {', '.join(preset_names())}."
         )
     target = Path(directory).expanduser() / source.name
     if target.exists():

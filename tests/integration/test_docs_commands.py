@@ -8,7 +8,7 @@ How each kind runs (in a scratch folder that links the checkout's files, as a us
 - `sanarl validate ...`, `sanarl presets`, `sanarl --help`: as written.
 - training runs (`sanarl [train] --config PRESET PLUGIN ...`): at validate level (the same preset, plugin and
   --set values; full runs take minutes to days), except the worked plugin example of docs/plugins.md, which
-  trains 2 steps (its own `--set train.max_num_steps=2` hint).
+  trains, capped at 2 steps (`--set train.max_num_steps=2`).
 - `sanarl eval ...`: as written on 4 samples of 2 steps; a `--checkpoint outputs/<tiny preset>` it reads is made
   first by 1 step of that preset on the shapes plugin.
 - `accelerate launch ... -m sanarl ARGS`: its --config_file exists and ARGS validate for --num_processes ranks.
