@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
@@ -76,15 +77,15 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
 def _print_warnings(lines: list[str]) -> None:
     for line in lines:
         if line.startswith("warning: "):
-            console.print(f"[yellow]warning:[/] {line.removeprefix('warning: ')}", highlight=False)
+            console.print(f"[yellow]warning:[/] {escape(line.removeprefix('warning: '))}", highlight=False)
 
 
 def _note(text: str) -> None:
-    console.print(f"[yellow]note:[/] {text}", highlight=False)
+    console.print(f"[yellow]note:[/] {escape(text)}", highlight=False)  # `[section]` names are text
 
 
 def _note_out(text: str) -> None:
-    out.print(f"[yellow]note:[/] {text}", highlight=False)
+    out.print(f"[yellow]note:[/] {escape(text)}", highlight=False)
 
 
 def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: Path | str) -> None:
@@ -106,7 +107,7 @@ def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: P
         ("output dir", str(run_dir)),
     ]
     for label, value in base + rows:
-        table.add_row(label, value)
+        table.add_row(label, escape(value))
     if len(ignored) > 6:
         table.add_row(
             "ignored keys", f"{len(ignored)} Cosmos-RL keys (`sanarl validate` says what sanarl does instead)"
@@ -161,7 +162,7 @@ def _validate(config: str, plugin_spec: str, overrides: list[str] | None, world_
     val_rows = _validation_rows(cfg, plugin)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size) + val_rows, [], cfg.train.output_dir)
     for line in [*reward_report, *report(loaded.cosmos), *_default_report(loaded)]:
-        out.print(line, highlight=False)
+        out.print(escape(line), highlight=False)
     for note in [*loaded.notes, *getattr(dataset, "notes", [])]:
         _note_out(note)
     if name.startswith(TINY_PREFIX):

@@ -7,7 +7,8 @@
 Relative input paths in a preset (`*.dataset.local_dir`, a local `policy.model_name_or_path` starting with `.`)
 are anchored when it is loaded: a shipped preset's against `sanarl/data/`, any other preset's against the folder
 of its own file, `--set` values against the current directory; a run's config.toml so holds absolute input paths
-and reruns from anywhere. `train.output_dir` and `train.resume` stay relative to the current directory (outputs).
+and reruns from anywhere. A relative path starting with `sanarl/data/` that does not exist there names the
+installed package's data (the examples of the docs work from any directory, e.g. a Cosmos-RL checkout). `train.output_dir` and `train.resume` stay relative to the current directory (outputs).
 """
 
 from __future__ import annotations
@@ -131,10 +132,19 @@ def anchor_dir(source: Path) -> Path:
     return data_dir() if is_shipped(source) else source.expanduser().resolve().parent
 
 
+PACKAGE_DATA = "sanarl/data/"
+"""A relative input path starting with this names sanarl's shipped data (`sanarl/data/datasets/examples/sft`)."""
+
+
 def _anchored(value: str, base: Path) -> str:
     if not value.strip() or Path(value).expanduser().is_absolute():
         return value
-    return str(base / value)
+    local = base / value
+    if value.startswith(PACKAGE_DATA) and not local.exists():  # outside a sanarl checkout: the installed copy
+        shipped = data_dir(value.removeprefix(PACKAGE_DATA))
+        if shipped.exists():
+            return str(shipped)
+    return str(local)
 
 
 def anchor_paths(cfg, base: Path):

@@ -72,3 +72,18 @@ def test_the_plan_says_what_ends_the_run(run_cli, tmp_path, monkeypatch):
         "the epochs end the run (train.max_num_steps would stop it sooner), or train.max_wall_minutes = 2"
         in flat(out)
     )
+
+
+def test_the_cosmos_rl_sft_check_runs_outside_the_checkout_and_names_the_table(tmp_path):
+    """docs/cosmos-rl.md's SFT validate line, typed in a Cosmos-RL checkout (here: a folder with its `configs/`),
+    finds sanarl's shipped examples, and its note keeps the `[policy.parallelism]` name (not read as markup)."""
+    import shlex
+
+    doc = (ROOT / "docs" / "cosmos-rl.md").read_text()
+    line = next(x for x in doc.splitlines() if x.startswith("sanarl validate") and "sana-image-sft-lora" in x)
+    (tmp_path / "configs").symlink_to(ROOT / "tests" / "data" / "cosmos_rl")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SANARL_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "sanarl", *shlex.split(line)[1:]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "and [policy.parallelism] declares 8 ranks" in flat(done.stdout + done.stderr)
