@@ -16,7 +16,8 @@ from sanarl.errors import UserError
 from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
-from sanarl.training.distributed import enable_fsdp_on_cpu
+from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
+from sanarl.training.preflight import preflight
 from sanarl.training.protocol import Task
 from sanarl.training.resume import ResumePlan, apply_plan, plan_resume
 from sanarl.training.run_lock import run_lock
@@ -56,13 +57,18 @@ def _accelerator(mixed_precision: str, cpu: bool):
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=False)
+    drop_single_process_state()
     acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     enable_fsdp_on_cpu(acc)
     return acc
 
 
-def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_plan=None) -> TrainOutcome:
-    """Resolve the plugin, load the model, build the task and run it (or stop after the plan when dry_run)."""
+def train(
+    loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_plan=None, on_preflight=None
+) -> TrainOutcome:
+    """Resolve the plugin, check what the run would reject later (`sanarl.training.preflight`), load the model,
+    build the task and run it (or stop after the plan when dry_run). `on_plan(rows, run_dir)` and
+    `on_preflight(lines)` are called on the main process."""
     import torch
 
     quiet_libraries()
@@ -71,13 +77,16 @@ def train(loaded: LoadedConfig, plugin_spec: str, *, dry_run: bool = False, on_p
     check_plugin(plugin)
     cls = task_class(cfg)
     check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
-    acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=not torch.cuda.is_available())
+    preflight_lines = preflight(cfg, plugin, dataset=plugin.get_dataset(cfg))
+    acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=on_cpu())
     run_dir = check_writable(cfg.train.output_dir)
     record = {"config": config_to_dict(cfg), "plugin": _plugin_identity(plugin_spec)}
     with contextlib.ExitStack() as held:
         resume = None
         if not dry_run:  # one run per folder; the resume checked before any model loads
             resume = _decided_by_main(acc, lambda: _lock_and_plan(held, cfg, run_dir, record))
+        if on_preflight is not None and acc.is_main_process:
+            on_preflight(preflight_lines)
         torch.manual_seed(cfg.train.seed)
         with acc.main_process_first():  # rank 0 builds / downloads into the shared cache first
             adapter = load_adapter(cfg.policy, acc.device)

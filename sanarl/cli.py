@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
@@ -42,30 +43,29 @@ def train(
 
 
 def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: bool) -> None:
-    from accelerate import PartialState
-
     from sanarl import api
     from sanarl.config import load_config
     from sanarl.config.plugins import cosmos_plugin, resolve_plugin
     from sanarl.rewards.preflight import check_reward_names
     from sanarl.tools.capacity.fit import check_fits_machine
+    from sanarl.training.distributed import launch_state
 
     loaded = load_config(resolve_preset_path(config), overrides or [])
     check_fits_machine(loaded.config)  # before any model loads: a run that cannot fit here stops with the fix
-    main_process = PartialState().is_main_process
+    main_process = launch_state().is_main_process
     plugin_spec = cosmos_plugin(plugin_spec, notice=lambda text: _note(text) if main_process else None)
     resolve_plugin(plugin_spec)  # before the reward check: a plugin may register rewards
-    reward_warnings = [line for line in check_reward_names(loaded.config) if line.startswith("warning: ")]
+    reward_warnings = check_reward_names(loaded.config)
     if main_process:
         for note in loaded.notes:
             _note(note)
-        for line in reward_warnings:
-            console.print(f"[yellow]warning:[/] {line.removeprefix('warning: ')}", highlight=False)
+        _print_warnings(reward_warnings)
     outcome = api.train(
         loaded,
         plugin_spec,
         dry_run=dry_run,
         on_plan=lambda rows, run_dir: _print_plan(loaded.config, rows, loaded.ignored, run_dir),
+        on_preflight=_print_warnings,
     )
     if not main_process:
         return
@@ -77,12 +77,18 @@ def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: 
         out.print(f"exported model: {outcome.result.export_dir}")
 
 
+def _print_warnings(lines: list[str]) -> None:
+    for line in lines:
+        if line.startswith("warning: "):
+            console.print(f"[yellow]warning:[/] {escape(line.removeprefix('warning: '))}", highlight=False)
+
+
 def _note(text: str) -> None:
-    console.print(f"[yellow]note:[/] {text}", highlight=False)
+    console.print(f"[yellow]note:[/] {escape(text)}", highlight=False)  # `[section]` names are text
 
 
 def _note_out(text: str) -> None:
-    out.print(f"[yellow]note:[/] {text}", highlight=False)
+    out.print(f"[yellow]note:[/] {escape(text)}", highlight=False)
 
 
 def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: Path | str) -> None:
@@ -104,7 +110,7 @@ def _print_plan(cfg, rows: list[tuple[str, str]], ignored: list[str], run_dir: P
         ("output dir", str(run_dir)),
     ]
     for label, value in base + rows:
-        table.add_row(label, value)
+        table.add_row(label, escape(value))
     if len(ignored) > 6:
         table.add_row(
             "ignored keys", f"{len(ignored)} Cosmos-RL keys (`sanarl validate` says what sanarl does instead)"
@@ -163,6 +169,7 @@ def _validate(
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.models.tiny import check_tiny_name
     from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
+    from sanarl.training.preflight import preflight
     from sanarl.training.setup import check_writable
 
     path = resolve_preset_path(config)
@@ -182,16 +189,18 @@ def _validate(
     reward_report = check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
     check_reward_prompts(cfg, plugin)
+    name = cfg.policy.model_name_or_path
+    model_here = name.startswith(TINY_PREFIX) or local_weights(name, cfg.policy.model_revision) is not None
+    reward_report += preflight(cfg, plugin, dataset=dataset, strict=model_here)
     val_rows = _validation_rows(cfg, plugin)
     _print_plan(cfg, cls.describe(cfg, len(dataset), world_size) + val_rows, [], cfg.train.output_dir)
     for line in [*reward_report, *report(loaded.cosmos), *_default_report(loaded)]:
-        out.print(line, highlight=False)
+        out.print(escape(line), highlight=False)
     for note in [*loaded.notes, *getattr(dataset, "notes", [])]:
         _note_out(note)
-    name = cfg.policy.model_name_or_path
     if name.startswith(TINY_PREFIX):
         out.print(f"weights: {name} is built locally on first use (no download).")
-    elif local_weights(name, cfg.policy.model_revision) is None:
+    elif not model_here:
         out.print(
             f"[yellow]warning:[/] weights for {name} are not available locally; training will stop at start. "
             f"Run `hf download {name}` where the Hub is reachable (and share HF_HOME), or set "
@@ -364,6 +373,22 @@ def _exit_past_lingering_threads(code: object) -> None:
         os._exit(code)
 
 
+def _check_not_a_misspelt_command(word: str) -> None:
+    """A first word that is no command but is spelt like one (`sanarl trian ...`) is refused by name, rather than
+    read as the dataset plugin of a training run; words that look like a plugin (a file, a dotted module) pass."""
+    from sanarl.config.suggest import closest
+    from sanarl.errors import UserError
+
+    commands = ["train", *SUBCOMMANDS]
+    close = closest(word, commands, cutoff=0.75)
+    if close is None or "." in word or "/" in word or Path(word).exists() or Path(f"{word}.py").exists():
+        return
+    raise UserError(
+        f"unknown command '{word}' (did you mean '{close}'?); the commands are {', '.join(commands)} "
+        "(`sanarl --help`)."
+    )
+
+
 def _dispatch(args: list[str]) -> None:
     if not args or args[0] in HELP_FLAGS:
         print(overview())
@@ -373,6 +398,8 @@ def _dispatch(args: list[str]) -> None:
         return
     if args[0] == "train":
         args = args[1:]
+    elif not args[0].startswith("-"):
+        guarded(False, _check_not_a_misspelt_command, args[0])
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(help=train.__doc__)(train)
     app(args, prog_name="sanarl", standalone_mode=True)

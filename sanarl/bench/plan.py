@@ -76,10 +76,28 @@ def describe_plan(plan: BenchPlan, jobs: int) -> str:
     return (
         f"{', '.join(plan.methods)} x {plan.seeds} seed(s) = {runs} run(s) of {plan.budget_minutes:g} training "
         f"minutes, {min(jobs, runs)} at a time: {plan.training_wall_minutes(jobs):g} minutes of training wall time "
-        "plus the evaluations"
-        + (
-            f" (a held-out curve point every {plan.curve_minutes:g} minutes)"
-            if plan.curve_minutes > 0
-            else ""
-        )
+        "plus the evaluations" + curve_text(plan)
     )
+
+
+def curve_points(plan: BenchPlan) -> list[float]:
+    """Training minutes of the curve points before the end (the timed checkpoints inside the budget)."""
+    if plan.curve_minutes <= 0:
+        return []
+    count = math.ceil(plan.budget_minutes / plan.curve_minutes) - 1
+    return [plan.curve_minutes * k for k in range(1, count + 1)]
+
+
+def curve_text(plan: BenchPlan) -> str:
+    """What the plan line says about the held-out curve: its points, or why there is none."""
+    if plan.curve_minutes <= 0:
+        return ""
+    points = curve_points(plan)
+    if not points:
+        return (
+            f" (no held-out curve point before the end: --curve-minutes {plan.curve_minutes:g} is not shorter than "
+            f"the {plan.budget_minutes:g}-minute budget, so only the final models are evaluated; pass a smaller "
+            "--curve-minutes for a curve)"
+        )
+    shown = ", ".join(f"{p:g}" for p in points) if len(points) <= 8 else f"every {plan.curve_minutes:g}"
+    return f" (a held-out curve point at {shown} training minutes and at the end)"

@@ -8,12 +8,12 @@ a note in `Context.notes`.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from sanarl.config import cosmos_rl
 from sanarl.config.engine import Context, Hooks, in_schema, toml_kind
 from sanarl.config.schema import ALIASES, IGNORED_KEYS, Config
+from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
 ALL_ALIASES: dict[str, str] = {**ALIASES, **{k: v[0] for k, v in cosmos_rl.RENAMED.items()}}
@@ -134,8 +134,8 @@ class CosmosHooks(Hooks):
 
 
 def _unknown_cosmos_key(key: str, path: str, known: list[str], where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"; did you mean `{path}.{close[0]}`?" if close else ""
+    close = closest(key, known)
+    hint = f"; did you mean `{path}.{close}`?" if close else ""
     return ConfigError(
         f"unknown key `{path}.{key}` in {where}{hint} (valid keys of [{cosmos_rl.strip_indices(path)}], a Cosmos-RL "
         f"table that sanarl accepts and does not use: {', '.join(known)}). Fix its spelling or remove it."

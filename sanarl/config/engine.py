@@ -16,7 +16,6 @@ sets it (`key_line`; tomllib itself locates syntax errors only). What differs be
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 import sys
@@ -25,6 +24,7 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -238,10 +238,10 @@ class Messages:
         """`key` is no field of the table at `path` (whose fields are `names`); `more` are other accepted keys."""
         dotted = f"{path}.{key}" if path else key
         prefix = f"{path}." if path else ""
-        close = difflib.get_close_matches(key, names + more, n=1, cutoff=0.6)
+        close = closest(key, names + more)
         homes = leaf_index(root).get(key)
         if close:
-            hint = f"; did you mean `{prefix}{close[0]}`?"
+            hint = f"; did you mean `{prefix}{close}`?"
         elif homes:
             hint = f"; `{key}` belongs elsewhere: did you mean {' or '.join(f'`{p}`' for p in homes)}?"
         else:
@@ -269,8 +269,8 @@ class Messages:
         if isinstance(value, str):
             names = [str(a) for a in allowed]
             same_case = [n for n in names if n.lower() == value.lower()]
-            close = same_case or difflib.get_close_matches(value, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = same_case[0] if same_case else closest(value, names)
+            hint = f" (did you mean {close!r}?)" if close else ""
         return ConfigError(f"`{key}` = {value!r} is not supported{hint}; set it to one of {shown}.")
 
 

@@ -24,8 +24,9 @@ from sanarl.config.cosmos_hooks import CosmosHooks
 from sanarl.config.engine import Context, Engine
 from sanarl.config.methods import validate_method
 from sanarl.config.overrides import apply as apply_to
-from sanarl.config.presets import anchor_dir, anchor_paths, resolve_preset_path
+from sanarl.config.presets import anchor_dir, anchor_paths, preset_names, resolve_preset_path
 from sanarl.config.schema import Config
+from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
 ENGINE = Engine(Config, CosmosHooks())
@@ -58,9 +59,11 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> LoadedConfig
     file = resolve_preset_path(path)  # a path, or the name of a shipped preset
     if not file.is_file():
         state = "is a directory, not a file" if file.is_dir() else "does not exist"
+        close = closest(file.name.removesuffix(".toml"), preset_names(), cutoff=0.7)
+        hint = f" Did you mean the shipped preset `{close}` (`--config {close}`)?" if close else ""
         raise ConfigError(
-            f"config file `{file}` {state} (resolved to {file.expanduser().resolve()}). Pass the path of a TOML "
-            "preset or the name of a shipped one (`sanarl presets` lists them), e.g. `--config tiny-shapes-nft`."
+            f"config file `{file}` {state} (resolved to {file.expanduser().resolve()}).{hint} Pass the path of a "
+            "TOML preset or the name of a shipped one (`sanarl presets` lists them), e.g. `--config tiny-shapes-nft`."
         )
     try:
         text = file.read_bytes().decode("utf-8")

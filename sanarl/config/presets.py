@@ -7,7 +7,8 @@
 Relative input paths in a preset (`*.dataset.local_dir`, a local `policy.model_name_or_path` starting with `.`)
 are anchored when it is loaded: a shipped preset's against `sanarl/data/`, any other preset's against the folder
 of its own file, `--set` values against the current directory; a run's config.toml so holds absolute input paths
-and reruns from anywhere. `train.output_dir` and `train.resume` stay relative to the current directory (outputs).
+and reruns from anywhere. A relative path starting with `sanarl/data/` that does not exist there names the
+installed package's data (the examples of the docs work from any directory, e.g. a Cosmos-RL checkout). `train.output_dir` and `train.resume` stay relative to the current directory (outputs).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
+from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
 PRESET_SUFFIX = ".toml"
@@ -91,8 +93,10 @@ def copy_preset(name: str, directory: Path) -> Path:
     """
     source = presets_dir() / f"{name.removesuffix(PRESET_SUFFIX)}{PRESET_SUFFIX}"
     if not source.is_file():
+        close = closest(name.removesuffix(PRESET_SUFFIX), preset_names(), cutoff=0.7)
+        hint = f" Did you mean `{close}` (`sanarl presets --copy {close} {directory}`)?" if close else ""
         raise ConfigError(
-            f"`{name}` is not a shipped preset; `sanarl presets` lists them: {', '.join(preset_names())}."
+            f"`{name}` is not a shipped preset.{hint} `sanarl presets` lists them: {', '.join(preset_names())}."
         )
     target = Path(directory).expanduser() / source.name
     if target.exists():
@@ -128,10 +132,19 @@ def anchor_dir(source: Path) -> Path:
     return data_dir() if is_shipped(source) else source.expanduser().resolve().parent
 
 
+PACKAGE_DATA = "sanarl/data/"
+"""A relative input path starting with this names sanarl's shipped data (`sanarl/data/datasets/examples/sft`)."""
+
+
 def _anchored(value: str, base: Path) -> str:
     if not value.strip() or Path(value).expanduser().is_absolute():
         return value
-    return str(base / value)
+    local = base / value
+    if value.startswith(PACKAGE_DATA) and not local.exists():  # outside a sanarl checkout: the installed copy
+        shipped = data_dir(value.removeprefix(PACKAGE_DATA))
+        if shipped.exists():
+            return str(shipped)
+    return str(local)
 
 
 def anchor_paths(cfg, base: Path):

@@ -479,7 +479,7 @@ class LoggingConfig:
     project_name: str = "sanarl"
     experiment_name: str = ""
     log_freq: int = 1
-    """Console / tracker logging every N steps (metrics.jsonl always gets every step)."""
+    """The console's progress bar refreshes every N steps (metrics.jsonl, tensorboard and wandb get every step)."""
     multi_modal_log_interval: int = 10
     """RL: save a rollout grid (prompt and reward under each image) every N steps (0 = never)."""
 

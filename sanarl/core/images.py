@@ -16,18 +16,39 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return arr.permute(0, 2, 3, 1).cpu().numpy()
 
 
-def grid_canvas(tiles: np.ndarray, captions: list[str], columns: int, tile: int) -> Image.Image:
-    """Tiles uint8 [B, H, W, 3] upscaled (nearest) to `tile` px in `columns` columns, each caption below its tile."""
+LINE_H = 11
+"""Pixels per caption line (PIL's default font)."""
+TEXT_H = 34
+"""The text band under the tiles holds at least 3 lines; longer captions make it taller."""
+MAX_CAPTION_LINES = 12
+"""A caption longer than this many lines ends with an ellipsis."""
+
+
+def caption_lines(caption: str, tile: int) -> list[str]:
+    """`caption` wrapped to the width of a `tile`-px tile: whole, up to MAX_CAPTION_LINES lines."""
+    lines = textwrap.wrap(caption, width=max(8, tile // 6)) or [""]
+    if len(lines) > MAX_CAPTION_LINES:
+        lines = [*lines[: MAX_CAPTION_LINES - 1], lines[MAX_CAPTION_LINES - 1][:-1] + "…"]
+    return lines
+
+
+def grid_canvas(
+    tiles: np.ndarray, captions: list[str], columns: int, tile: int, title: str = ""
+) -> Image.Image:
+    """Tiles uint8 [B, H, W, 3] upscaled (nearest) to `tile` px in `columns` columns, each caption below its tile
+    (the text band as tall as the longest caption needs), `title` (e.g. the step) in a band above them."""
     rows = (len(tiles) + columns - 1) // columns
-    text_h = 34
-    canvas = Image.new("RGB", (columns * tile, rows * (tile + text_h)), "white")
+    wrapped = [caption_lines(captions[i] if i < len(captions) else "", tile) for i in range(len(tiles))]
+    text_h = max(TEXT_H, LINE_H * max((len(w) for w in wrapped), default=1) + 2)
+    top = LINE_H + 6 if title else 0
+    canvas = Image.new("RGB", (columns * tile, top + rows * (tile + text_h)), "white")
     draw = ImageDraw.Draw(canvas)
+    if title:
+        draw.text((3, 3), title, fill="black")
     for i, img in enumerate(tiles):
-        x, y = (i % columns) * tile, (i // columns) * (tile + text_h)
+        x, y = (i % columns) * tile, top + (i // columns) * (tile + text_h)
         canvas.paste(Image.fromarray(img).resize((tile, tile), Image.NEAREST), (x, y))
-        caption = captions[i] if i < len(captions) else ""
-        lines = textwrap.wrap(caption, width=max(8, tile // 6))[:3]
-        draw.multiline_text((x + 2, y + tile + 1), "\n".join(lines), fill="black", spacing=0)
+        draw.multiline_text((x + 2, y + tile + 1), "\n".join(wrapped[i]), fill="black", spacing=0)
     return canvas
 
 
@@ -38,9 +59,10 @@ def save_grid(
     *,
     columns: int = 8,
     tile: int = 128,
+    title: str = "",
 ) -> Path:
-    """Write a PNG grid; each image is upscaled (nearest) to `tile` px with its caption below."""
-    canvas = grid_canvas(to_uint8(images), captions, columns, tile)
+    """Write a PNG grid; each image is upscaled (nearest) to `tile` px with its caption below, `title` above."""
+    canvas = grid_canvas(to_uint8(images), captions, columns, tile, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
     return path

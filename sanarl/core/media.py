@@ -92,13 +92,15 @@ def save_video_grid(
     columns: int = 8,
     tile: int = 128,
     fps: int = DEFAULT_FPS,
+    title: str = "",
 ) -> Path:
-    """Write clips [B, 3, T, H, W] in [0, 1] as one mp4 grid (caption under each tile); returns the path."""
+    """Write clips [B, 3, T, H, W] in [0, 1] as one mp4 grid (caption under each tile, `title` above); returns
+    the path."""
     if clips.ndim != 5:
         raise ValueError(f"save_video_grid takes clips [B, 3, T, H, W]; got shape {tuple(clips.shape)}")
     columns = max(1, min(columns, len(clips)))
     per_frame = [to_uint8(clips[:, :, t]) for t in range(clips.shape[2])]  # T x [B, H, W, 3]
-    frames = np.stack([np.asarray(grid_canvas(f, captions, columns, tile)) for f in per_frame])
+    frames = np.stack([np.asarray(grid_canvas(f, captions, columns, tile, title)) for f in per_frame])
     return write_video(path, frames, fps=fps)
 
 

@@ -44,11 +44,11 @@ def results_table(summary: dict[str, Any]) -> Table:
     labels = list(models)
     table = Table(title=f"sanarl eval: {summary['prompts']['n']} samples ({summary['prompts']['source']})",
                   title_justify="left")  # fmt: skip
-    table.add_column("score")
+    table.add_column("score", overflow="fold")  # narrow terminals wrap the cells, never cut them
     for label in labels:
-        table.add_column(label, justify="right")
+        table.add_column(label, justify="right", overflow="fold")
     for label in labels[1:]:
-        table.add_column(f"Δ {label}", justify="right")
+        table.add_column(f"Δ {label}", justify="right", overflow="fold")
     keys = sorted({k for m in models.values() for k in m["scores"]})
     for key in keys:
         cells = [_fmt(m["scores"][key]["mean"], m["scores"][key]["stderr"]) if key in m["scores"] else "-"

@@ -199,10 +199,18 @@ class GroupRLTask(Task):
             return
         shown = groups[: max(1, 32 // max(1, len(groups[0].seeds)))]
         images = torch.cat([g.images for g in shown])[:32]
-        captions = [f"{g.prompt} | r={r:.3f}" for g in shown for r in g.reward.total.tolist()][:32]
+        label = self.reward_label()
+        captions = [f"{g.prompt} | {label}={r:.3f}" for g in shown for r in g.reward.total.tolist()][:32]
+        title = f"step {step}: rollouts, {label} under each sample"
         save_media(
-            images, captions, self.run_dir / "rollouts" / f"step_{step:08d}"
+            images, captions, self.run_dir / "rollouts" / f"step_{step:08d}", title=title
         )  # .png, or .mp4 for clips
+
+    def reward_label(self) -> str:
+        """The name of the reward a rollout grid prints: the one reward's name, or `reward` (the combined
+        reward of several, as `reward/mean` logs it)."""
+        fns = self.view.train_policy.remote_reward.reward_fns
+        return fns[0].name if len(fns) == 1 else "reward"
 
     def close(self) -> None:
         if self.engine is not None:

@@ -12,6 +12,7 @@ option). The prompt is not used. Key: `aesthetic`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,16 +105,23 @@ class Aesthetic(ClipReward):
         """Where the head file is read from (see `mlp_path`)."""
         return Path(self.mlp_path).expanduser() if self.mlp_path else reward_ckpts_dir() / AESTHETIC_FILE
 
+    def _head_missing(self) -> list[Missing]:
+        path = self.head_path()
+        if path.is_file():
+            return []
+        fix = (
+            f"Download {AESTHETIC_FILE} from {AESTHETIC_SOURCE} into {path.parent}/ (or set "
+            "$SANARL_REWARD_CKPTS to its directory, or pass the reward option mlp_path=...)."
+        )
+        return [Missing("mlp_path", str(path), "no such file", fix)]
+
+    def check_weights(self, also_missing: Sequence[Missing] = ()) -> dict[str, Path]:
+        """The CLIP directories and the head file, without loading (one WeightsError for everything missing)."""
+        return super().check_weights([*also_missing, *self._head_missing()])
+
     def _load(self) -> None:
         path = self.head_path()
-        missing = []
-        if not path.is_file():
-            fix = (
-                f"Download {AESTHETIC_FILE} from {AESTHETIC_SOURCE} into {path.parent}/ (or set "
-                "$SANARL_REWARD_CKPTS to its directory, or pass the reward option mlp_path=...)."
-            )
-            missing.append(Missing("mlp_path", str(path), "no such file", fix))
-        encoder = self._load_encoder(missing)
+        encoder = self._load_encoder()
         head = load_aesthetic_head(path)
         if head.in_dim != encoder.embed_dim:
             raise WeightsError(

@@ -10,6 +10,7 @@ the CLIP machinery need (`ClipEncoder`, `ImageTransform`, `center_crop`, `clear_
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -56,11 +57,16 @@ class ClipReward(ModelReward):
         self.processor_name = str(processor) if processor else self.model_name
         self.encoder: ClipEncoder | None = None
 
-    def _load_encoder(self, also_missing: Sequence[Missing] = ()) -> ClipEncoder:
-        """Resolve and load the CLIP model and processor (one WeightsError for everything missing)."""
+    def check_weights(self, also_missing: Sequence[Missing] = ()) -> dict[str, Path]:
+        """The local CLIP model and processor directories, without loading; one WeightsError naming everything
+        missing (with `also_missing`, e.g. a head file a subclass looked for)."""
         kind = "processor" if self.needs_text else "image_processor"
         wanted = {"model": (self.model_name, "model"), "processor": (self.processor_name, kind)}
-        dirs = resolve_dirs(self.name, wanted, also_missing)
+        return resolve_dirs(self.name, wanted, also_missing)
+
+    def _load_encoder(self, also_missing: Sequence[Missing] = ()) -> ClipEncoder:
+        """Resolve and load the CLIP model and processor (one WeightsError for everything missing)."""
+        dirs = self.check_weights(also_missing)
         return ClipEncoder.load(
             dirs["model"],
             dirs["processor"],

@@ -198,7 +198,8 @@ class GenEvalReward(ModelReward):
             else reward_ckpts_dir() / "geneval" / "detector.pth"
         )
 
-    def _load(self) -> None:
+    def check_weights(self) -> tuple[Path, dict[str, Path]]:
+        """(detector file, CLIP directories), without loading; one WeightsError for everything missing."""
         path, missing = self.detector_file(), []
         if not path.is_file():
             fix = (
@@ -211,7 +212,10 @@ class GenEvalReward(ModelReward):
             "clip_model": (self.clip_model, "model"),
             "clip_processor": (self.clip_processor, "processor"),
         }
-        dirs = resolve_dirs(self.name, wanted, missing)
+        return path, resolve_dirs(self.name, wanted, missing)
+
+    def _load(self) -> None:
+        path, dirs = self.check_weights()
         encoder = ClipEncoder.load(
             dirs["clip_model"],
             dirs["clip_processor"],

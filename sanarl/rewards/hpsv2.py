@@ -115,11 +115,12 @@ class HPSv2(ModelReward):
         """Where the HPS checkpoint is read from (see `checkpoint`)."""
         return Path(self.checkpoint).expanduser() if self.checkpoint else reward_ckpts_dir() / HPS_FILE
 
-    def _load(self) -> None:
-        try:
-            import open_clip
-        except ModuleNotFoundError as exc:
-            raise ConfigError(f"reward 'hpsv2' needs open_clip ({exc}); install it with {INSTALL}.") from None
+    def check_weights(self) -> Path:
+        """The checkpoint file, without loading; ConfigError without open_clip, WeightsError without the file."""
+        import importlib.util
+
+        if importlib.util.find_spec("open_clip") is None:
+            raise ConfigError(f"reward 'hpsv2' needs open_clip; install it with {INSTALL}.")
         path = self.checkpoint_path()
         if not path.is_file():
             fix = (
@@ -127,6 +128,14 @@ class HPSv2(ModelReward):
                 "directory, or pass the reward option checkpoint=...)."
             )
             raise missing_weights_error(self.name, [Missing("checkpoint", str(path), "no such file", fix)])
+        return path
+
+    def _load(self) -> None:
+        try:
+            import open_clip
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"reward 'hpsv2' needs open_clip ({exc}); install it with {INSTALL}.") from None
+        path = self.check_weights()
         arch = _architecture(self.architecture)
         model = build_model(arch, read_checkpoint(path), path)
         self.model = model.to(device=self.device, dtype=self.dtype)

@@ -204,7 +204,8 @@ class ImageReward(ModelReward):
             else reward_ckpts_dir() / "ImageReward"
         )
 
-    def _resolve(self) -> tuple[Path, Path]:
+    def check_weights(self) -> tuple[Path, Path]:
+        """(checkpoint directory, tokenizer directory), without loading; one WeightsError for everything missing."""
         directory, missing = self.directory(), []
         absent = [f for f in IR_FILES if not (directory / f).is_file()]
         if absent:
@@ -223,7 +224,7 @@ class ImageReward(ModelReward):
         return directory, tokenizer
 
     def _load(self) -> None:
-        directory, tokenizer = self._resolve()
+        directory, tokenizer = self.check_weights()
         try:
             model = load_model(directory, tokenizer, self.device)
         except ModuleNotFoundError as exc:

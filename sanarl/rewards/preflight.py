@@ -8,7 +8,6 @@ against the training items, `validation.held_out_rewards` against the validation
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +16,6 @@ from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, DataError
 from sanarl.rewards.base import Reward, RewardInputError
 from sanarl.rewards.registry import build_reward, known_rewards
-from sanarl.rewards.remote import ENV_ENQUEUE, ENV_FETCH, ENV_TOKEN, RemoteRewardFunction
 
 MAX_CHECKED_ITEMS = 4096
 """Training items read at most (a procedural or very large set is checked on its first items; a later bad item
@@ -75,8 +73,8 @@ def check_reward_prompts(cfg: Config, plugin: Any) -> None:
 def check_reward_names(cfg: Config) -> list[str]:
     """Each reward of the run is scored in-process (its name is in the registry and it builds with its options) or
     on the reward service (the registry's names, or Cosmos-RL's service names, see `cosmos_rl.reward_lines`);
-    anything else fails here, before weights load. With REMOTE_REWARD_* set the service's /health is asked too.
-    Returns the lines to print."""
+    anything else fails here, before weights load (the service itself is asked by
+    `sanarl.training.preflight`). Returns the lines to print."""
     tp = cfg.train.train_policy
     remote = tp.use_remote_reward
     fns = tp.remote_reward.reward_fns
@@ -90,14 +88,7 @@ def check_reward_names(cfg: Config) -> list[str]:
         # ConfigError for an unknown name (listing the known ones) or options the reward does not take
         if not remote and (fn.name not in known_rewards() or fn.options):
             build_reward(fn.name, **fn.options)
-    if remote and fns and _remote_env_set():
-        RemoteRewardFunction(tp.remote_reward, check=False, timeout_s=10.0).check_service()
-        lines.append("reward service: its /health answers and serves every reward above.")
     for name in cfg.validation.held_out_rewards:
         if name not in known_rewards():
             build_reward(name)
     return lines
-
-
-def _remote_env_set() -> bool:
-    return all(os.environ.get(name) for name in (ENV_TOKEN, ENV_ENQUEUE, ENV_FETCH))

@@ -219,6 +219,29 @@ class RemoteRewardFunction:
         parts = urllib.parse.urlsplit(self.enqueue_url)
         return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
 
+    @property
+    def ping_url(self) -> str:
+        """`/api/reward/ping` on the enqueue URL's host (the service's token-checked connectivity check)."""
+        parts = urllib.parse.urlsplit(self.enqueue_url)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/api/reward/ping", "", ""))
+
+    def check_token(self) -> None:
+        """Ping the service with the token; raise ConfigError when it refuses it (401) or does not answer."""
+        body = urllib.parse.urlencode({"info_data": "sanarl preflight"}).encode()
+        headers = self._headers("application/x-www-form-urlencoded")
+        answer = _request(self.ping_url, body, headers, self.timeout_s)
+        if answer.status == 200:
+            return
+        if answer.status in (401, 403):
+            raise ConfigError(
+                f"the reward service at {self.ping_url} refuses the token ({answer.status}): set {ENV_TOKEN} to "
+                "the token the service was started with (its config's `token`, else its REMOTE_REWARD_TOKEN)."
+            )
+        raise ConfigError(
+            f"the reward service at {self.ping_url} does not answer its ping ({answer.status or answer.text}): "
+            f"start it (`sanarl-reward --config ...`) or fix {ENV_ENQUEUE}."
+        )
+
     def _headers(self, content_type: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}", "Content-Type": content_type}
 

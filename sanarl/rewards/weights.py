@@ -9,6 +9,8 @@ missing id and file and both ways to provide them; nothing hangs and no hub trac
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -100,7 +102,8 @@ def hub_snapshot(repo: str, patterns: list[str] | None, offline: bool) -> Path |
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=offline))
+        local = offline or _LOCAL_ONLY.get()
+        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=local))
     except Exception:
         return None
 
@@ -110,9 +113,28 @@ def is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
-def hub_offline() -> bool:
+_LOCAL_ONLY = contextvars.ContextVar("sanarl_weights_local_only", default=False)
+
+
+@contextlib.contextmanager
+def local_only():
+    """Inside the block weights resolve from local directories and the Hub cache only (as with HF_HUB_OFFLINE):
+    the checks before a run (`sanarl validate`) look for the weights without downloading them."""
+    token = _LOCAL_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _LOCAL_ONLY.reset(token)
+
+
+def env_hub_offline() -> bool:
     """True when `HF_HUB_OFFLINE` is set to anything but 0 / false / no / off."""
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no", "off")
+
+
+def hub_offline() -> bool:
+    """True when nothing may be downloaded: `HF_HUB_OFFLINE` is set, or inside `local_only()`."""
+    return _LOCAL_ONLY.get() or env_hub_offline()
 
 
 @dataclass(frozen=True)

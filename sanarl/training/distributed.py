@@ -26,6 +26,39 @@ def fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
 
+def on_cpu() -> bool:
+    """Does this machine train on CPU (no CUDA device)? Then the processes of a launch talk over gloo."""
+    return not torch.cuda.is_available()
+
+
+def launch_state():
+    """This process's place in the launch (accelerate's `PartialState`), set up exactly as the run's Accelerator
+    sets it up. On a CPU-only machine accelerate needs `cpu=True` to join the processes of `accelerate launch`
+    over gloo; a `PartialState()` without it says "one process" and, being process-wide, would make every rank
+    train alone into the same folder."""
+    from accelerate import PartialState
+
+    drop_single_process_state()
+    return PartialState(cpu=on_cpu())
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started (torchrun's `WORLD_SIZE`; 1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def drop_single_process_state() -> None:
+    """Forget a process-wide accelerate state that says "not distributed" while the launcher started several
+    processes (a `PartialState()` made without `cpu=True` on a CPU machine, e.g. by a plugin or a notebook), so
+    the next Accelerator joins the launch instead of silently training alone."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    shared = PartialState._shared_state
+    if shared.get("distributed_type") == DistributedType.NO and launched_world_size() > 1:
+        PartialState._reset_state()
+
+
 def enable_fsdp_on_cpu(acc: Accelerator) -> None:
     """Make an FSDP launch on CPU processes (gloo) really shard, as it does on GPUs.
 

@@ -38,6 +38,7 @@ class RunSettings:
     """`train.train_policy.mini_batch`: the samples of one micro-batch (one backward pass)."""
     epoch: int
     max_num_steps: int | None
+    max_wall_minutes: float | None
     param_dtype: str
     compile: bool
     """`train.compile`: torch.compile the training forward (and, for Sol-RL, the rollout copies)."""
@@ -56,6 +57,7 @@ def run_settings(cfg: Config) -> RunSettings:
         mini_batch=train.train_policy.mini_batch,
         epoch=train.epoch,
         max_num_steps=train.max_num_steps,
+        max_wall_minutes=train.max_wall_minutes,
         param_dtype=train.param_dtype,
         compile=train.compile,
         lora=cfg.policy.lora,
@@ -80,6 +82,27 @@ def planned_steps(run: RunSettings, per_epoch: int) -> int:
     """Optimizer steps of the run: `train.epoch` epochs of `per_epoch` steps, capped by `train.max_num_steps`."""
     total = run.epoch * per_epoch
     return min(total, run.max_num_steps) if run.max_num_steps is not None else total
+
+
+def steps_plan(run: RunSettings, per_epoch: int, per_epoch_note: str = "") -> str:
+    """The plan's "steps" row: epochs x steps per epoch, the optimizer steps that gives and what ends the run
+    (`train.max_num_steps` only caps: with fewer steps in the epochs, the epochs end it)."""
+    epochs = run.epoch * per_epoch
+    total = planned_steps(run, per_epoch)
+    if run.max_num_steps is not None and run.max_num_steps < epochs:
+        stop = f"train.max_num_steps = {run.max_num_steps} ends the run"
+    elif run.max_num_steps == epochs:
+        stop = f"the epochs and train.max_num_steps = {epochs} end the run together"
+    elif run.max_num_steps is not None:
+        stop = (
+            f"the epochs end the run before train.max_num_steps = {run.max_num_steps} (it only caps; raise "
+            "train.epoch to run longer)"
+        )
+    else:
+        stop = "the epochs end the run (train.max_num_steps would stop it sooner)"
+    if run.max_wall_minutes is not None:
+        stop += f", or train.max_wall_minutes = {run.max_wall_minutes:g} if that comes first"
+    return f"{per_epoch} per epoch{per_epoch_note} x {run.epoch} epoch(s) -> {total} optimizer steps; {stop}"
 
 
 def load_train_dataset(cfg: Config, plugin) -> Dataset:

@@ -28,6 +28,7 @@ import torch
 from accelerate import Accelerator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Column
 
 from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
@@ -73,6 +74,10 @@ class RunResult:
     steps: int
     last_metrics: dict[str, float]
     export_dir: Path | None
+
+
+PLOTTED_METRICS = ["reward/mean", "loss", "policy_loss", "grad_norm", "lr"]
+"""metrics.png's panels (those the run logs)."""
 
 
 class Runner:
@@ -174,6 +179,7 @@ class Runner:
             extras = {"guard": self.guard.checkpoint_state()} if self.guard is not None else None
             try:
                 save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep, extras)
+                self.plot_metrics()
             except CheckpointError as err:
                 error = str(err)
         error = self._from_main(error)
@@ -211,6 +217,10 @@ class Runner:
             "training data. Start again with a lower `train.optm_lr` (`train.resume = false` or another "
             "`train.output_dir`)."
         )
+
+    def plot_metrics(self) -> Path | None:
+        """metrics.png from metrics.jsonl so far (main process; at each checkpoint and at the end)."""
+        return plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png", PLOTTED_METRICS)
 
     def maybe_resume(self) -> None:
         """Load `self.resume_path` on every rank (multi-node: the output dir must be on a shared filesystem)."""
@@ -372,7 +382,12 @@ class Runner:
             adapter.forward_module = forward
         if not self.acc.is_main_process:
             return None
-        path = save_media(images, prompts, self.run_dir / "samples" / f"step_{step:08d}")
+        title = (
+            f"step {step}: validation samples (EMA weights)"
+            if self.ema is not None
+            else f"step {step}: validation samples"
+        )
+        path = save_media(images, prompts, self.run_dir / "samples" / f"step_{step:08d}", title=title)
         if path.suffix == ".mp4":
             logger.log_video(step, "samples", path)
         else:
@@ -530,7 +545,7 @@ class Runner:
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),  # wraps, never cut
         )
         with Progress(*columns, console=self.console, disable=not self.acc.is_main_process) as bar:
             job = bar.add_task("train", total=self.total_steps, completed=self.start_step, info="")
@@ -601,9 +616,7 @@ class Runner:
         if guard_stop and acc.is_main_process:
             self._print_guard_stop(rolled_back, export_dir)
         if acc.is_main_process:
-            plot_metrics(
-                logger.path, self.run_dir / "metrics.png", ["reward/mean", "loss", "policy_loss", "grad_norm"]
-            )
+            self.plot_metrics()
         return export_dir
 
 

@@ -8,7 +8,7 @@ How each kind runs (in a scratch folder that links the checkout's files, as a us
 - `sanarl validate ...`, `sanarl presets`, `sanarl --help`: as written.
 - training runs (`sanarl [train] --config PRESET PLUGIN ...`): at validate level (the same preset, plugin and
   --set values; full runs take minutes to days), except the worked plugin example of docs/plugins.md, which
-  trains 2 steps (its own `--set train.max_num_steps=2` hint).
+  trains, capped at 2 steps (`--set train.max_num_steps=2`).
 - `sanarl eval ...`: as written on 4 samples of 2 steps; a `--checkpoint outputs/<tiny preset>` it reads is made
   first by 1 step of that preset on the shapes plugin.
 - `accelerate launch ... -m sanarl ARGS`: its --config_file exists and ARGS validate for --num_processes ranks.
@@ -40,7 +40,10 @@ EXAMPLE_PLUGIN = "examples/plugins/my_prompts.py"
 
 NOT_RUN: list[tuple[str, str]] = [
     (r"^pip |^apt-get ", "installs packages: CI's own install (.ci/run) and scripts/check_wheel.sh do this"),
-    (r"^bash scripts/test\.sh|^python -m pytest", "the test suite itself (CI runs it)"),
+    (
+        r"^bash scripts/(test|install_test_deps)\.sh|^python -m pytest",
+        "the test suite and its install (CI runs them: tests/unit/test_ci_command.py)",
+    ),
     (r"^hf download|^python -c \"import torch, torchvision", "downloads weights (no network in tests)"),
     (r"^mkdir -p reward_ckpts|^cp ", "places downloaded reward weights (docs/rewards.md)"),
     (
@@ -50,6 +53,11 @@ NOT_RUN: list[tuple[str, str]] = [
     (
         r"^export |^curl |^UUID=|^python - <<",
         "the live reward-service walkthrough (tests/service/ drives it)",
+    ),
+    (
+        r"--set train\.train_policy\.use_remote_reward=true$",
+        "needs the reward service and REMOTE_REWARD_* of the walkthrough: tests/service/test_trainer_remote.py "
+        "validates this command against a live service (and trains the same way)",
     ),
     (r"--checkpoint outputs/sana-nft", "needs a trained SANA 1.5 run and GenEval / PickScore weights (GPU)"),
     (

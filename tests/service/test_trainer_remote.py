@@ -291,3 +291,35 @@ def test_validate_asks_the_service_whether_it_serves_the_rewards(service, tmp_pa
     )
     code, _, err = run_cli("validate", "--config", str(preset), SHAPES, *remote)
     assert code == 2 and "motion_x" in err and "does not serve" in err
+
+
+def test_validate_pings_the_service_with_the_token(service, tmp_path):
+    """docs/reward-service.md's trainer command, validated (a subprocess, from an unrelated directory) against
+    the live service: the token is checked with the service's ping; a wrong REMOTE_REWARD_TOKEN is exit 2 naming
+    the variable, the right one passes."""
+    import os
+    import subprocess
+    import sys
+
+    documented = (
+        "--config tiny-shapes-nft sanarl.datasets.shapes --set train.train_policy.use_remote_reward=true"
+    )
+    assert f"sanarl {documented}" in (ROOT / "docs" / "reward-service.md").read_text()
+    args = ["validate", *documented.split()]
+    urls = {
+        "REMOTE_REWARD_ENQUEUE_URL": f"{service.url}/api/reward/enqueue",
+        "REMOTE_REWARD_FETCH_URL": f"{service.url}/api/reward/pull",
+    }
+
+    def validate(token: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, **urls, "REMOTE_REWARD_TOKEN": token, "HF_HUB_OFFLINE": "1"}
+        cmd = [sys.executable, "-m", "sanarl", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+    refused = validate("not-the-token")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert "refuses the token (401)" in message and "set REMOTE_REWARD_TOKEN" in message, message
+    accepted = validate(TOKEN)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "accepts the token" in " ".join(accepted.stdout.split())

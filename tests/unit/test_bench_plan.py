@@ -59,8 +59,15 @@ def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
     assert code == 0, stderr
     flat = " ".join(stdout.split())
     assert "nft, grpo x 1 seed(s) = 2 run(s) of 30 training minutes, 2 at a time: 30 minutes" in flat
-    assert "a held-out curve point every 5 minutes" in flat
+    assert "a held-out curve point at 5, 10, 15, 20, 25 training minutes and at the end" in flat
     assert not out.exists()
+    code, stdout, _ = run_cli("bench", "shapes", "--plan", "--budget-minutes", "2", "--output", out)
+    flat = " ".join(stdout.split())
+    assert (
+        "no held-out curve point before the end: --curve-minutes 5 is not shorter than the 2-minute" in flat
+    )
+    code, stdout, _ = run_cli("bench", "shapes", "--plan", "--budget-minutes", "2", "--curve-minutes", "0.5")
+    assert "a held-out curve point at 0.5, 1, 1.5 training minutes and at the end" in " ".join(stdout.split())
     code, stdout, _ = run_cli("bench", "shapes", "--plan", "--full", "--jobs", "1", "--output", out)
     assert code == 0 and "15 run(s) of 4 training minutes, 1 at a time: 60 minutes" in " ".join(
         stdout.split()

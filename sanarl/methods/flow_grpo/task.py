@@ -59,7 +59,7 @@ from sanarl.methods.flow_grpo.trajectory import (
 from sanarl.methods.group_config import GroupRLView
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
 from sanarl.models.base import Cond
-from sanarl.training.protocol import per_rank_batch, planned_steps, run_settings
+from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.rollout import PromptGroup
 
 log = logging.getLogger(__name__)
@@ -372,7 +372,6 @@ class FlowGRPOTask(GroupRLTask):
         per_rank = per_rank_batch(run, world)
         trained, trained_why = _trained_plan(v)
         per_epoch = max(1, dataset_size // (bpr // k)) * tp.optimizer_steps_per_rollout
-        total = planned_steps(run, per_epoch)
         sde = (
             f"SDE window of {tp.sde_window_size} steps inside steps [{tp.sde_window_range[0]}, "
             f"{tp.sde_window_range[1]}), Euler elsewhere"
@@ -393,7 +392,7 @@ class FlowGRPOTask(GroupRLTask):
             ("loss", f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL to the {ref}"),
             ("updates", f"{tp.optimizer_steps_per_rollout} optimizer step(s) per rollout, each on 1/"
              f"{tp.optimizer_steps_per_rollout} of its micro-batches"),
-            ("steps", f"{per_epoch} per epoch x {run.epoch} epoch(s) -> {total} optimizer steps"),
+            ("steps", steps_plan(run, per_epoch)),
         ]  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from sanarl.methods.group_rl import GroupRLTask, reward_metrics
 from sanarl.methods.nft.config import validate, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
-from sanarl.training.protocol import per_rank_batch, planned_steps, run_settings
+from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.quantize import model_quant_plan
 from sanarl.training.rollout import PromptGroup
 
@@ -179,7 +179,6 @@ class NFTTask(GroupRLTask):
         trained = max(1, int(steps * v.diffusers.timesteps_fraction))
         spr = v.train_policy.optimizer_steps_per_rollout
         per_epoch = max(1, dataset_size // (bpr // k)) * spr
-        total = planned_steps(run, per_epoch)
         m = ro.num_candidates or k
         rows = [
             ("prompts", f"{dataset_size} in the prompt set"),
@@ -189,7 +188,7 @@ class NFTTask(GroupRLTask):
              f"(int({steps} x {v.diffusers.timesteps_fraction})) = {(per_rank // mb) * trained} backward passes"),
             ("rollout", f"family {ro.family}: {m} drafts -> {k} kept per prompt, {steps} steps, guidance "
              f"{sample.guidance_scale}, solver {sample.solver}"),
-            ("steps", f"{per_epoch} per epoch x {run.epoch} epoch(s) -> {total} optimizer steps"
+            ("steps", steps_plan(run, per_epoch)
              + (f" ({spr} per rollout, each on 1/{spr} of its micro-batches)" if spr > 1 else "")),
         ]  # fmt: skip
         if ro.family == "sol_rl":

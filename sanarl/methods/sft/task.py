@@ -22,7 +22,7 @@ from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
 from sanarl.methods.sft.config import SFTView, view
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, planned_steps, run_settings
+from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
 
 
 def draw_flow_matching_noise(
@@ -164,10 +164,9 @@ class SFTTask(Task):
         bpr, mb = run.batch_per_replica, run.mini_batch
         per_rank = per_rank_batch(run, world)
         per_epoch = max(1, dataset_size // bpr)
-        total = planned_steps(run, per_epoch)
         return [
             ("dataset items", str(dataset_size)),
             ("batch per step", f"{bpr} (train_batch_per_replica) / {world} rank(s) = {per_rank} per rank"),
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank per step"),
-            ("steps", f"{per_epoch} per epoch x {run.epoch} epoch(s) -> {total} optimizer steps"),
+            ("steps", steps_plan(run, per_epoch)),
         ]

@@ -64,7 +64,7 @@ from sanarl.methods.soar.config import (
 )
 from sanarl.models.base import Cond
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, planned_steps, run_settings
+from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
 
 
 def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
@@ -409,7 +409,6 @@ class SOARTask(Task):
         bpr, mb = run.batch_per_replica, run.mini_batch
         per_rank = per_rank_batch(run, world)
         per_epoch = max(1, dataset_size // bpr)
-        total = planned_steps(run, per_epoch)
         points = soar.num_rollout_paths * soar.trajectory_length
         return [
             ("dataset items", str(dataset_size)),
@@ -417,8 +416,7 @@ class SOARTask(Task):
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank per step"),
             (
                 "steps",
-                f"{per_epoch} per epoch (bucketed data: fewer, each bucket's remainder sits out) x {run.epoch} "
-                f"epoch(s) -> {total} optimizer steps",
+                steps_plan(run, per_epoch, " (bucketed data: fewer, each bucket's remainder sits out)"),
             ),
             (
                 "SOAR points",

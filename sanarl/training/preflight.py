@@ -1,0 +1,140 @@
+"""What a run would reject after loading its models, found before: `sanarl validate` and the start of a run call
+`preflight` (no model loads, nothing is written). Each failure is a UserError (exit code 2) naming the key and the
+fix: an output directory that cannot be written, a logger that is not installed, in-process reward weights that
+are not on this machine, an unset REMOTE_REWARD_* variable or a reward service that does not answer or refuses the
+token, and a plugin whose samples do not have the preset's size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from sanarl.config.plugins import plugin_label
+from sanarl.config.schema import Config
+from sanarl.errors import DataError, UserError, WeightsError
+from sanarl.rewards.registry import build_reward
+from sanarl.rewards.remote import RemoteRewardFunction
+from sanarl.rewards.weights import env_hub_offline, local_only
+from sanarl.training.setup import check_writable
+
+LOGGER_MODULES = {"wandb": ("wandb", "wandb"), "tensorboard": ("torch.utils.tensorboard", "tensorboard")}
+"""`logging.logger` entry -> (the module the run imports for it, its pip package = sanarl extra)."""
+
+
+def preflight(cfg: Config, plugin: Any = None, *, dataset: Any = None, strict: bool = True) -> list[str]:
+    """Every check of the module docstring; returns the lines worth printing (warnings, what was checked).
+    `dataset` (the plugin's training set) is read for its first item's shape when given. `strict` False turns
+    what only the training machine must have (logger packages, reward weights, the reward service) into
+    warnings: `sanarl validate` where the model's own weights are missing too checks a preset, not this machine."""
+    check_writable(cfg.train.output_dir)
+    lines = _machine_check(check_loggers, cfg, strict)
+    lines += check_reward_weights(cfg, required=strict)
+    lines += _machine_check(check_reward_service, cfg, strict)
+    if dataset is not None and plugin is not None:
+        check_sample_shape(cfg, plugin, dataset)
+    return lines
+
+
+def _machine_check(check: Callable[[Config], list[str] | None], cfg: Config, strict: bool) -> list[str]:
+    try:
+        return check(cfg) or []
+    except UserError as exc:
+        if strict:
+            raise
+        return [f"warning: {exc} (checked again when the run starts)"]
+
+
+def check_loggers(cfg: Config) -> None:
+    """Each of `logging.logger` that needs a package imports as the run will import it."""
+    for name in cfg.logging.logger:
+        if name not in LOGGER_MODULES:
+            continue
+        module, package = LOGGER_MODULES[name]
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            others = json.dumps([x for x in cfg.logging.logger if x != name] or ["console"])
+            raise UserError(
+                f'`logging.logger` includes "{name}" but it cannot be imported ({exc}): `pip install {package}` '
+                f"(or `pip install \"sanarl[{package}]\"`), or drop it with `--set 'logging.logger={others}'` "
+                "(docs/logging.md)."
+            ) from None
+
+
+def _in_process_rewards(cfg: Config) -> list[tuple[str, Callable[[], Any]]]:
+    """(what, build) of every reward the run scores in this process: the trained ones (Flow-GRPO / NFT without
+    the service) and `validation.held_out_rewards`."""
+    tp = cfg.train.train_policy
+    wanted = []
+    if tp.type == "grpo" and not tp.use_remote_reward:
+        for fn in tp.remote_reward.reward_fns:
+            wanted.append((fn.name, lambda fn=fn: build_reward(fn.name, **fn.options)))
+    if cfg.validation.enable:
+        for name in cfg.validation.held_out_rewards:
+            wanted.append((name, lambda name=name: build_reward(name)))
+    return wanted
+
+
+def check_reward_weights(cfg: Config, *, required: bool = True) -> list[str]:
+    """Every in-process reward with a `check_weights()` hook finds its weights on this machine (local
+    directories and the Hub cache; nothing is downloaded). With HF_HUB_OFFLINE set a miss stops here
+    (WeightsError) when `required`; otherwise (the run would still download Hub ids at start) it is a warning."""
+    lines = []
+    for name, build in _in_process_rewards(cfg):
+        check = getattr(build(), "check_weights", None)
+        if check is None:
+            continue
+        try:
+            with local_only():
+                check()
+        except WeightsError as exc:
+            if required and env_hub_offline():
+                raise
+            later = (
+                "the run stops at start without them"
+                if env_hub_offline()
+                else "the run downloads Hub ids at start; a missing local file stops it"
+            )
+            lines.append(f"warning: reward {name!r}: weights not found on this machine ({exc}) So {later}.")
+            continue
+        lines.append(f"weights: reward {name!r} found locally.")
+    return lines
+
+
+def check_reward_service(cfg: Config) -> list[str]:
+    """With `use_remote_reward`: the REMOTE_REWARD_* variables are set, the service's /health answers and serves
+    every configured reward, and its ping accepts the token."""
+    tp = cfg.train.train_policy
+    if not (tp.use_remote_reward and tp.remote_reward.reward_fns):
+        return []
+    service = RemoteRewardFunction(tp.remote_reward, check=False, timeout_s=10.0)
+    service.check_service()
+    service.check_token()
+    return ["reward service: its /health answers, serves every reward above and accepts the token."]
+
+
+def check_sample_shape(cfg: Config, plugin: Any, dataset: Any) -> None:
+    """The first training item's image (or clip) has the preset's `policy.diffusers.inference_size`. A dataset
+    with its own size buckets (a `buckets` mapping or the `batch_items` hook, e.g. `sanarl.datasets.soar_jsonl`)
+    chooses its sizes and is not checked."""
+    if len(dataset) == 0 or hasattr(dataset, "buckets") or hasattr(dataset, "batch_items"):
+        return
+    item = dataset[0]
+    if not isinstance(item, dict):
+        return
+    for key in ("image", "video"):
+        media = item.get(key)
+        shape = getattr(media, "shape", None)
+        if shape is None or len(shape) < 3:
+            continue
+        got, want = [int(x) for x in shape[-2:]], [int(x) for x in cfg.policy.diffusers.inference_size]
+        if got != want:
+            raise DataError(
+                f"dataset plugin {plugin_label(plugin)} returns {key}s of {got[0]}x{got[1]} (item 0, shape "
+                f"{list(shape)}) but `policy.diffusers.inference_size` = {want} ({want[0]}x{want[1]}): resize "
+                f"them to {want[0]}x{want[1]} in the plugin, or set `--set policy.diffusers.inference_size="
+                f"[{got[0]},{got[1]}]` to train at their size."
+            )
