@@ -322,7 +322,7 @@ def overview() -> str:
         "Usage: sanarl --config PRESET PLUGIN [--set key=value ...] [--dry-run] [--debug]",
         "       sanarl COMMAND [ARGS]...        (`sanarl COMMAND --help` for a command's options)",
         "",
-        "Post-train text-to-image and text-to-video diffusion models (SFT, LoRA-SFT, DiffusionNFT, Flow-GRPO, SOAR).",
+        "Post-train text-to-image and text-to-video diffusion models (SFT, LoRA-SFT, DiffusionNFT, Flow-GRPO, DDRL, SOAR).",
         "PRESET: a shipped preset's name (`sanarl presets`) or a TOML path; PLUGIN: a dataset plugin module or file.",
         "",
         "Commands:",

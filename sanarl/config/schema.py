@@ -221,11 +221,15 @@ class RewardFnConfig:
     """`[[train.train_policy.remote_reward.reward_fns]]`: one reward in the weighted sum."""
 
     name: str = ""
+    """Registered reward name (docs/rewards.md lists them), e.g. "pickscore"."""
     weight: float = 1.0
+    """Weight of this reward in the sum (after its own clip)."""
     score_key: str = ""
     """Key of the reward's output to use ("" = the reward's default key)."""
     clip_min: float | None = None
+    """Clamp this reward's score from below before weighting (None = no clamp)."""
     clip_max: float | None = None
+    """Clamp this reward's score from above before weighting (None = no clamp)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the reward's constructor (model paths, device, dtype, batch_size, ...), e.g.
     `options = { model = "reward_ckpts/clip", batch_size = 16 }`; checked against the reward's signature."""
@@ -236,9 +240,13 @@ class RemoteRewardConfig:
     """`[train.train_policy.remote_reward]`: the reward combination (in-process or through the service)."""
 
     reward_fns: list[RewardFnConfig] = field(default_factory=list)
+    """The rewards summed into the trained reward (`[[...reward_fns]]` entries)."""
     scale: float = 1.0
+    """Multiplier of the clamped weighted sum: reward = clamp(sum w_i clamp(r_i)) x scale."""
     reward_clip_min: float | None = None
+    """Clamp the weighted sum from below before `scale` (None = no clamp)."""
     reward_clip_max: float | None = None
+    """Clamp the weighted sum from above before `scale` (None = no clamp)."""
     video_frame_stride: int = 1
     """Video rewards: score every N-th frame with the image reward."""
     video_frame_reduction: VideoReduction = "mean"
@@ -328,6 +336,7 @@ class CkptConfig:
     """`[train.ckpt]`: checkpointing and export."""
 
     enable_checkpoint: bool = True
+    """Write training checkpoints (atomic `checkpoints/step_N/`); false = none, so no resume."""
     save_freq: int = 100
     """Save every N optimizer steps (and at the end)."""
     max_keep: int = 3
@@ -343,28 +352,41 @@ class TrainConfig:
     """`[train]`: optimisation and run control."""
 
     epoch: int = 1
+    """Passes over the training set (RL: over the prompt set); `max_num_steps` and `max_wall_minutes` stop earlier."""
     seed: int = 42
+    """Seed of data order, initial noise and every random draw; (seed, step, rank) fix a step exactly."""
     train_batch_per_replica: int = 1
     """Samples per optimizer step on each rank (= mini_batch x accumulation steps)."""
     output_dir: str = "./outputs/run"
+    """Run directory (config.toml, metrics, samples, checkpoints, export); relative to the current directory."""
     resume: bool | str = False
     """false, true (newest checkpoint in output_dir) or a checkpoint path."""
     optm_name: Optimizer = "AdamW"
+    """Optimizer: AdamW | Adam | SGD."""
     optm_lr: float = 1e-4
+    """Peak learning rate (after the linear warm-up; constant afterwards)."""
     optm_impl: str = "foreach"
+    """torch optimizer implementation: foreach | fused | for-loop."""
     optm_weight_decay: float = 0.01
+    """Decoupled weight decay of AdamW (L2 for Adam / SGD)."""
     optm_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """[beta1, beta2] of Adam / AdamW."""
     optm_grad_norm_clip: float = 1.0
     """Max global grad norm (0 = no clipping)."""
     optm_warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many optimizer steps (0 = none), then constant."""
     epsilon: float = 1e-8
     """AdamW epsilon."""
     ema_enable: bool = False
+    """Keep an EMA of the trained weights (float32); validation, eval and the export use it."""
     ema_decay: float = 0.9
+    """EMA decay cap; the decay warms up as min(ema_decay, (1 + k) / (10 + k)) at update k."""
     ema_update_step_interval: int = 1
+    """Update the EMA every N optimizer steps."""
     param_dtype: Dtype = "float32"
     """Mixed precision of the trained model: float32 | bfloat16 | float16."""
     compile: bool = False
+    """torch.compile the training forward (and Sol-RL's rollout copies)."""
     max_num_steps: int | None = None
     """Stop after this many optimizer steps (None = run all epochs)."""
     max_wall_minutes: float | None = None
@@ -403,6 +425,7 @@ class GuardConfig:
     while the trained reward rises; see sanarl/training/guard.py)."""
 
     enable: bool = False
+    """Turn the reward-hacking alarm on (needs `metrics` and `validation.held_out_rewards`)."""
     metrics: list[GuardMetricConfig] = field(default_factory=list)
     trained_metric: str = "reward/mean"
     """Per-step metric of the trained reward (mean over the steps since the previous validation); "" = fire on the
@@ -457,9 +480,13 @@ class ValidationConfig:
     """`[validation]`: periodic sample images."""
 
     enable: bool = False
+    """Generate validation samples (and the held-out rewards) every `freq` steps."""
     freq: int = 100
+    """Validate every N optimizer steps (and at the end)."""
     val_before_train: bool = False
+    """Also validate once before the first step (the base model's samples)."""
     batch_size: int = 8
+    """Prompts generated per forward batch during validation."""
     num_samples: int = 16
     """Images per validation round (saved as a grid)."""
     held_out_rewards: list[str] = field(default_factory=list)
@@ -477,7 +504,9 @@ class LoggingConfig:
     logger: list[Logger] = field(default_factory=lambda: ["console"])
     """Any of console | wandb | tensorboard."""
     project_name: str = "sanarl"
+    """Tracker project (wandb project, tensorboard run folder's parent)."""
     experiment_name: str = ""
+    """Tracker run name ("" = the output directory's name)."""
     log_freq: int = 1
     """The console's progress bar refreshes every N steps (metrics.jsonl, tensorboard and wandb get every step)."""
     multi_modal_log_interval: int = 10
