@@ -44,7 +44,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, following in zip(body, [*body[1:], None]):
+    for node, following in zip(body, [*body[1:], None], strict=True):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
         is_doc = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)

@@ -32,7 +32,7 @@ def test_docs_configuration_md_is_current():
 
 def test_the_reference_lists_every_leaf_key_once_with_its_default():
     text = reference.render()
-    for section, _, leaves in reference.keys():
+    for _, _, leaves in reference.keys():
         for key in leaves:
             name = key.dotted.rsplit(".", 1)[-1]
             assert f"| `{name}` | `" in text
