@@ -215,7 +215,10 @@ class DDRLTask(FlowGRPOTask):
         train_on = self.view.ddrl.train_on
         if not train_on:
             return super()._trained_positions(steps, rng)
-        candidates = [steps[j] for j in trainable_positions(steps, self.sigmas, self.spec.solver)]
+        trainable = trainable_positions(
+            steps, self.sigmas, self.spec.solver, cps_last_step=self.view.train_policy.cps_train_last_step
+        )
+        candidates = [steps[j] for j in trainable]
         chosen = select_train_on(train_on, candidates, rng)
         return [steps.index(i) for i in chosen]
 

@@ -112,7 +112,8 @@ def build_module(cfg: Config, arch: Architecture, dtype: torch.dtype, checkpoint
             add_lora_adapters(module, lora_names(cfg), r=lora.r, alpha=lora.lora_alpha,
                               init=lora.init_lora_weights,
                               target_modules=lora.target_modules or default_lora_targets(arch),
-                              dropout=lora.lora_dropout)  # fmt: skip
+                              dropout=lora.lora_dropout, check=False)  # fmt: skip
+        # check=False: a shortened stack (`depth_variants`) may lack the block kind a target lives in
     if checkpointing:
         module.enable_gradient_checkpointing()
     return torch.nn.Module.to(module, dtype)
