@@ -10,13 +10,11 @@ Precedence: `--set` overrides > preset file > these defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 from sanarl.config.choices import (
     AdvMode,
     Dtype,
-    GuardAction,
-    GuardWorse,
     LevelGrid,
     Logger,
     OdeSolver,
@@ -35,7 +33,13 @@ from sanarl.config.choices import (
     Weighting,
 )
 from sanarl.config.ddrl_schema import DDRLConfig
-from sanarl.errors import ConfigError
+from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
+    GUARD_ACTIONS,
+    GUARD_IMAGE_STATS,
+    GUARD_WORSE,
+    GuardConfig,
+    GuardMetricConfig,
+)
 
 
 @dataclass
@@ -394,85 +398,6 @@ class TrainConfig:
     from their restart; None = no limit); the run then checkpoints and exports as at a normal end."""
     train_policy: TrainPolicyConfig = field(default_factory=TrainPolicyConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
-
-
-# --- reward-hacking alarm: [validation.guard] (sanarl/training/guard.py; docs/shapes.md, "Reward-hacking alarm") ---
-
-GUARD_WORSE = get_args(GuardWorse)
-"""`worse` of a guard metric: the direction in which it worsens."""
-GUARD_ACTIONS = get_args(GuardAction)
-"""`action` of the guard: log the alarm and go on, or stop the run and export the best checkpoint by the guard."""
-GUARD_IMAGE_STATS = ("brightness", "saturation")
-"""Image statistics of the validation samples the guard can watch as `heldout/image/<name>`."""
-
-
-@dataclass
-class GuardMetricConfig:
-    """`[[validation.guard.metrics]]`: one guard metric, read at every validation."""
-
-    key: str = ""
-    """`heldout/<reward>/<key>` (a `validation.held_out_rewards` reward's key, e.g. `heldout/shapes/extra`: objects
-    beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation)."""
-    worse: GuardWorse = "higher"
-    """higher | lower: the direction in which the metric worsens."""
-    margin: float = 0.0
-    """Alarm when the metric is worse than its best validation value by more than this (metric units, >= 0)."""
-
-
-@dataclass
-class GuardConfig:
-    """`[validation.guard]`: the reward-hacking alarm (fires when a guard metric worsens by more than its margin
-    while the trained reward rises; see sanarl/training/guard.py)."""
-
-    enable: bool = False
-    """Turn the reward-hacking alarm on (needs `metrics` and `validation.held_out_rewards`)."""
-    metrics: list[GuardMetricConfig] = field(default_factory=list)
-    trained_metric: str = "reward/mean"
-    """Per-step metric of the trained reward (mean over the steps since the previous validation); "" = fire on the
-    guard metrics alone."""
-    min_trained_rise: float = 0.0
-    """The trained reward "rises" when it exceeds its value at the guard's best validation by more than this."""
-    action: GuardAction = "log"
-    """log: record the alarm and grids, go on; stop: stop at that validation and export the best checkpoint by the
-    guard (rollback), exit code 0."""
-
-    def check(self, validation: ValidationConfig) -> None:
-        """Raise ConfigError naming the key and the fix on an invalid guard. `action` and `worse` are checked from
-        their types by the config engine, even while the guard is off, so a typo does not wait for the run that
-        turns it on."""
-        where = "validation.guard"
-        if not self.enable:
-            return
-        if not validation.enable:
-            raise ConfigError(
-                f"`{where}.enable` = true needs `validation.enable = true` (the guard reads validations)."
-            )
-        if not self.metrics:
-            raise ConfigError(
-                f"`{where}.enable` = true with no `[[{where}.metrics]]`; add one, e.g. "
-                '`metrics = [{ key = "heldout/shapes/extra", worse = "higher", margin = 0.3 }]`.'
-            )
-        for i, m in enumerate(self.metrics):
-            self._check_metric(m, f"{where}.metrics[{i}]", validation.held_out_rewards)
-
-    @staticmethod
-    def _check_metric(m: GuardMetricConfig, where: str, held_out: list[str]) -> None:
-        parts = m.key.split("/")
-        ok = len(parts) >= 3 and parts[0] == "heldout" and all(parts)
-        if ok and parts[1] == "image":
-            ok = len(parts) == 3 and parts[2] in GUARD_IMAGE_STATS
-        elif ok and parts[1] not in held_out:
-            raise ConfigError(
-                f"`{where}.key` = {m.key!r} reads reward {parts[1]!r}, which `validation.held_out_rewards` = "
-                f"{held_out} does not score; add it there."
-            )
-        if not ok:
-            raise ConfigError(
-                f"`{where}.key` = {m.key!r} is not a guard metric; use `heldout/<reward>/<key>` (a reward of "
-                f"`validation.held_out_rewards`) or `heldout/image/<stat>` with stat one of {GUARD_IMAGE_STATS}."
-            )
-        if not m.margin >= 0:
-            raise ConfigError(f"`{where}.margin` = {m.margin!r} is out of range; it must be >= 0.")
 
 
 @dataclass

@@ -39,8 +39,14 @@ def available_ram() -> float:
 
 
 def check_fits_machine(cfg: Config) -> None:
-    """Raise UserError (exit 2) when the run's estimated peak per rank exceeds the memory it will have here."""
+    """Raise UserError (exit 2) when the run's estimated peak per rank exceeds the memory it will have here. A model
+    whose weights are not here is left to the loader, whose message (how to get them) comes first."""
+    from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.training.distributed import fsdp_requested
+
+    name = cfg.policy.model_name_or_path
+    if not name.startswith(TINY_PREFIX) and local_weights(name, cfg.policy.model_revision) is None:
+        return
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -58,7 +64,7 @@ def check_fits_machine(cfg: Config) -> None:
     if peak.total <= capacity:
         return
     largest = max(peak.terms, key=lambda t: t.nbytes)
-    fix = f"lower `{largest.key}`"
+    fix = f"shrink the largest term (set by `{largest.key}`)"
     for label, rerun in options(cfg, est):  # the first option that fits, if one does
         new = rerun(both=False).peak.total
         if new <= capacity:
