@@ -32,7 +32,9 @@ def test_short_bench_writes_table_plot_grids_and_resumes(run_cli, tmp_path):
         assert rows[method]["gain"] == pytest.approx(rows[method]["strict"] - rows["base"]["strict"])
         assert len(done["per_sample"]["shapes/strict"]) == 16  # kept for the paired standard error
         width, height = Image.open(out / "grids" / f"{method}.png").size
-        assert width == 8 * 128 and height % 2 == 0 and height // 2 - 128 >= 34  # 2 rows, captions whole below
+        assert (
+            width == 8 * 128 and height % 2 == 0 and height // 2 - 128 >= 34
+        )  # 2 rows, captions whole below
     assert rows["soar"]["rollout_images"] == 4 and rows["soar"]["reward_calls"] == 0  # 1 step x 4 x 1 path
     assert rows["sft-more"]["rollout_images"] == 0
     assert results["ratios"][0]["what"].startswith("SOAR vs SFT-more")
