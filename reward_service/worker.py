@@ -127,6 +127,33 @@ def reap_dead_workers(
     return total
 
 
+class StopFlag:
+    """A stop request that a signal handler may set.
+
+    `threading.Event.set` takes the event's lock; a SIGTERM handler calling it while the main thread sits in
+    `Event.wait` (the back-off after a Redis error, which is exactly when a dying service's redis-server goes
+    away) deadlocks the worker for good. Setting this flag takes no lock; `wait` polls it.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self._requested = False
+
+    def set(self) -> None:
+        self._requested = True
+
+    def is_set(self) -> bool:
+        return self._requested
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the flag is set or `timeout` seconds pass; True if it is set."""
+        deadline = time.monotonic() + timeout
+        while not self._requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(self.POLL_S, left))
+        return self._requested
+
+
 class Worker:
     """Scores the tasks of `rewards` ({name: Reward}, models loaded) from the Redis behind `client`, at most
     `batch_images` images per scoring call (0 = `workers.batch_images`); results are signed with `key`
@@ -155,7 +182,7 @@ class Worker:
         self.keys = Keys(config.redis_prefix)
         self.scripts = Scripts.register(client)
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuidlib.uuid4().hex[:6]}"
-        self.stop = threading.Event()
+        self.stop = StopFlag()
         self.info = json.dumps(
             {
                 "rewards": sorted(rewards),

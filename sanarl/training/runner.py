@@ -96,7 +96,7 @@ class Runner:
         unverified); `record`: what every checkpoint's meta.json records besides the step (config, plugin)."""
         self.cfg, self.task, self.acc, self.run_dir = cfg, task, accelerator, run_dir
         self.record = dict(record or {})
-        self.stops = StopRequests(notice=lambda text: self.console.print(f"[yellow]{text}[/]"))
+        self.stops = StopRequests()
         self.console = Console()
         self.ckpt_root = run_dir / "checkpoints"
         if not task.trainable_parameters():

@@ -12,6 +12,7 @@ must fit in.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,10 +22,19 @@ import torch
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class StopRequests:
-    """The signal asked to stop the run (None: none yet), recorded by handlers `installed` for a block."""
+def write_unlocked(text: str) -> None:
+    """Write a line straight to file descriptor 2: a signal handler may run while the main thread holds the lock
+    of sys.stdout / sys.stderr or of a console (in the middle of a progress bar), where print would raise
+    "reentrant call" or deadlock."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"{text}\n".encode())
 
-    def __init__(self, notice=print) -> None:
+
+class StopRequests:
+    """The signal asked to stop the run (None: none yet), recorded by handlers `installed` for a block. The
+    handler takes no lock: it records the signal and writes its notice with `write_unlocked`."""
+
+    def __init__(self, notice=write_unlocked) -> None:
         self.signum: int | None = None
         self._notice = notice
         self._previous: dict[int, object] = {}

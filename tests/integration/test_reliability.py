@@ -255,6 +255,7 @@ def test_a_signal_writes_a_final_checkpoint_and_exits_with_its_code(tmp_path, cl
     _, err = proc.communicate(timeout=300)
     text = flat(err.decode())
     assert proc.returncode == 128 + sig, text[-3000:]
+    assert f"{sig.name}received:stoppingafterthisstepwithacheckpoint" in text  # written by the handler itself
     match = re.search(rf"{sig.name}atstep(\d+):checkpointwritten", text)
     assert match, text[-3000:]
     step = int(match.group(1))

@@ -26,7 +26,7 @@ from reward_service.protocol import PayloadError, decode_array, encode_body, par
 from reward_service.scoring import Task, score_tasks
 from reward_service.signing import ForgedResult, genuine, open_result, result_key, sign
 from reward_service.supervisor import worker_slots
-from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, Worker, _hosted
+from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, StopFlag, Worker, _hosted
 from sanarl.errors import ConfigError
 from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from sanarl.rewards.shapes import ShapesReward
@@ -416,10 +416,44 @@ def test_video_stride_and_reduction_equal_score_video(stride, reduction):
         assert out["a"].result["scores"]["jpeg_kb"] == pytest.approx(per_frame.mean(1).tolist(), rel=1e-6)
 
 
+STOP_IN_BACKOFF = """
+import os, signal, sys, threading, time
+from reward_service.worker import StopFlag
+flag = StopFlag()
+signal.signal(signal.SIGTERM, lambda *_: flag.set())
+end = time.monotonic() + 1.0
+def storm():  # SIGTERMs as fast as they come: some land where Event.wait holds its lock
+    while time.monotonic() < end:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0)
+threading.Thread(target=storm, daemon=True).start()
+stops = 0
+while time.monotonic() < end:
+    stops += flag.wait(0)
+    flag._requested = False
+print("stopped", stops > 0)
+"""
+
+
+def test_a_sigterm_during_the_back_off_wait_stops_the_worker():
+    """The worker's SIGTERM handler runs in the main thread, possibly in the middle of its back-off wait (the
+    moment a dying service takes its redis-server along): setting the stop flag there must never block. With
+    threading.Event this deadlocked a worker that the service's kill -9 should have stopped (the same script with an
+    Event hangs or overflows the stack in every try)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", STOP_IN_BACKOFF], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "stopped True", run.stderr
+
+
 def _failing_worker(errors: list[Exception]) -> tuple[Worker, list[int]]:
     """A Worker whose every loop step raises the next error of `errors` and stops the loop once they run out."""
     worker = Worker.__new__(Worker)
-    worker.stop, worker.parent, worker.id = threading.Event(), 0, "w-test"
+    worker.stop, worker.parent, worker.id = StopFlag(), 0, "w-test"
     worker.recover_held = lambda: None
     worker.stop.wait = lambda timeout: False  # no back-off sleeps in the test
     calls = [0]
