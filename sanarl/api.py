@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sanarl.config import LoadedConfig, check_plugin, config_to_dict, dump_toml, resolve_plugin
+from sanarl.config import LoadedConfig, config_to_dict, dump_toml, load_plugin
 from sanarl.config.schema import Config
 from sanarl.errors import UserError
 from sanarl.methods.registry import task_class
@@ -73,8 +73,7 @@ def train(
 
     quiet_libraries()
     cfg = loaded.config
-    plugin = resolve_plugin(plugin_spec)
-    check_plugin(plugin)
+    plugin = load_plugin(plugin_spec)
     cls = task_class(cfg)
     check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
     preflight_lines = preflight(cfg, plugin, dataset=plugin.get_dataset(cfg))

@@ -21,6 +21,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
 from sanarl.ui import console, guarded, out
 
@@ -163,7 +164,7 @@ def validate(
 def _validate(
     config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None, capacity=None
 ) -> None:
-    from sanarl.config import check_plugin, load_config, resolve_plugin
+    from sanarl.config import load_config, load_plugin
     from sanarl.config.cosmos_rl import planned_world_size, report
     from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
@@ -183,8 +184,7 @@ def _validate(
     if cfg.policy.model_name_or_path.startswith(TINY_PREFIX):
         check_tiny_name(cfg.policy.model_name_or_path[len(TINY_PREFIX) :])
     world_size = world_size or planned_world_size(loaded.cosmos)
-    plugin = resolve_plugin(plugin_spec, notice=_note_out)
-    check_plugin(plugin)
+    plugin = load_plugin(plugin_spec, notice=_note_out)
     cls = task_class(cfg)
     reward_report = check_reward_names(cfg)
     dataset = plugin.get_dataset(cfg)
@@ -217,7 +217,7 @@ def _validate(
     out.print("[bold green]valid[/]")
 
 
-def _validation_rows(cfg, plugin) -> list[tuple[str, str]]:
+def _validation_rows(cfg, plugin: DatasetPlugin) -> list[tuple[str, str]]:
     """With validation on, the plugin's validation set is loaded here too (a bad one would stop the run at its
     first validation, after hours); returns the plan row."""
     if not cfg.validation.enable or getattr(plugin, "get_val_dataset", None) is None:

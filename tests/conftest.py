@@ -34,6 +34,24 @@ def run_cli(capsys):
 
 
 @pytest.fixture
+def refused(run_cli, tmp_path):
+    """`refused(preset, plugin, overrides, needles)`: the CLI run exits 2 with every needle in its message and
+    writes nothing (no run folder)."""
+
+    def check(preset, plugin: str, overrides: list[str], needles: list[str]) -> None:
+        args = ["--config", str(preset), plugin, "--set", f"train.output_dir={tmp_path / 'run'}"]
+        for override in overrides:
+            args += ["--set", override]
+        code, _, err = run_cli(*args)
+        message = " ".join(err.split())
+        assert code == 2, err
+        assert all(n in message for n in needles), message
+        assert not (tmp_path / "run").exists()
+
+    return check
+
+
+@pytest.fixture
 def network(monkeypatch):
     """The network is cut (DNS and connect raise) and the test fails if anything even tried to use it; yields the
     list of attempts (tests of download failures inspect it)."""

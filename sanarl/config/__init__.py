@@ -14,7 +14,15 @@ from sanarl.config.loader import (
     load_config,
     loads_config,
 )
-from sanarl.config.plugins import builtin_plugins, check_plugin, plugin_label, resolve_plugin
+from sanarl.config.plugins import (
+    DatasetPlugin,
+    LoadedPlugin,
+    builtin_plugins,
+    check_plugin,
+    load_plugin,
+    plugin_label,
+    resolve_plugin,
+)
 from sanarl.config.schema import (
     ALIASES,
     IGNORED_KEYS,
@@ -56,6 +64,9 @@ __all__ = [
     "builtin_plugins",
     "check_config",
     "check_plugin",
+    "DatasetPlugin",
+    "LoadedPlugin",
+    "load_plugin",
     "config_to_dict",
     "dump_toml",
     "load_config",

@@ -25,6 +25,7 @@ import traceback
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from sanarl.config import cosmos_rl
 from sanarl.errors import PluginError
@@ -103,8 +104,10 @@ def check_plugin(
         _check_callable(module, name, label, allow_none=True, required=required, optional=optional)
 
 
-def plugin_label(module: types.ModuleType) -> str:
+def plugin_label(module: types.ModuleType | LoadedPlugin) -> str:
     """How messages name a plugin: its dotted name, or its file for plugins loaded from a path."""
+    if isinstance(module, LoadedPlugin):
+        module = module.module
     if module.__name__.startswith(_FILE_PREFIX) and getattr(module, "__file__", None):
         return f"`{module.__file__}`"
     return f"`{module.__name__}`"
@@ -229,3 +232,43 @@ def _raised_error(label: str, err: BaseException) -> PluginError:
         f"dataset plugin {label} was found but raised {type(err).__name__} while importing: {err}. To continue, "
         f"{fix}. Original traceback:\n{tb}"
     )
+
+
+@runtime_checkable
+class DatasetPlugin(Protocol):
+    """What sanarl calls on a dataset plugin (docs/plugins.md): `get_dataset` always; `get_val_dataset` and
+    `collate` when the module defines them (`getattr(plugin, name, None)`)."""
+
+    def get_dataset(self, config: Any) -> Any: ...
+
+
+class LoadedPlugin:
+    """A resolved and checked plugin module whose datasets are read once per config object.
+
+    A training start reads the training set for the reward-prompt check, the preflight and the task; through
+    this wrapper the plugin's `get_dataset(config)` runs once for them. Other attributes are the module's."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        check_plugin(module)
+        self.module = module
+        self._read: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def get_dataset(self, config: Any) -> Any:
+        return self._once("get_dataset", config)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.module, name)  # AttributeError for a factory the module does not define
+        if name == "get_val_dataset" and value is not None:
+            return lambda config: self._once(name, config)
+        return value
+
+    def _once(self, name: str, config: Any) -> Any:
+        key = (name, id(config))
+        if key not in self._read:
+            self._read[key] = (config, getattr(self.module, name)(config))  # config held: its id stays unique
+        return self._read[key][1]
+
+
+def load_plugin(spec: str, notice: Callable[[str], None] | None = None) -> LoadedPlugin:
+    """`resolve_plugin` + `check_plugin`, wrapped so each dataset is read once (PluginError as they raise)."""
+    return LoadedPlugin(resolve_plugin(spec, notice))

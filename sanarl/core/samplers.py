@@ -279,7 +279,12 @@ def cps_step(
 
 
 def cfg_velocity(v_uncond: Tensor, v_cond: Tensor, w: SigmaLike) -> Tensor:
-    """Classifier-free guidance (Ho & Salimans 2022): ``v = v_u + w (v_c - v_u)``; ``[B, ...]``, w float or [B]."""
+    """Classifier-free guidance (Ho & Salimans 2022): ``v = v_u + w (v_c - v_u)``; ``[B, ...]``, w float or [B].
+
+    A float w multiplies as a Python scalar (as the diffusers pipelines do): a bf16 velocity is not scaled by w
+    rounded to bf16."""
+    if isinstance(w, (int, float)):
+        return v_uncond + w * (v_cond - v_uncond)
     return v_uncond + broadcast_sigma(w, v_cond) * (v_cond - v_uncond)
 
 

@@ -30,6 +30,7 @@ from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.preflight import check_items
 from sanarl.rewards.scoring import build_rewards
 from sanarl.rewards.summary import compare, summarize
+from sanarl.training.folders import make_dir
 from sanarl.training.sampling import GenerationSpec
 
 GRID_PROMPTS = 16
@@ -76,13 +77,7 @@ def generation_spec(cfg: Config, adapter: DiffusionAdapter, settings: EvalSettin
 
 def prepare_output(output: str | Path) -> Path:
     """Create `--output` (UserError when it cannot be created or written)."""
-    path = Path(output).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(
-            f"`--output {output}` cannot be created ({err.strerror}); choose another directory."
-        ) from None
+    path = make_dir(Path(output).expanduser(), f"--output {output}")
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"`--output {output}` is not writable; choose another directory.")
     return path

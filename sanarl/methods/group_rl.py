@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
 from sanarl.methods.group_config import GroupRLView, group_view
+from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
 from sanarl.training.protocol import RunSettings, Task, per_rank_batch, run_settings
@@ -36,7 +38,7 @@ def prompts_per_rank(run: RunSettings, k: int, world: int) -> int:
     return per_rank_batch(run, world) // k
 
 
-def load_prompt_dataset(cfg: Config, plugin, world: int):
+def load_prompt_dataset(cfg: Config, plugin: DatasetPlugin, world: int):
     """The plugin's prompt dataset, checked non-empty and with whole prompt groups on every rank."""
     return checked_prompt_dataset(plugin.get_dataset(cfg), cfg, world)
 
@@ -61,7 +63,9 @@ class GroupRLTask(Task):
     view: GroupRLView
     """The sections the method reads: `[train.train_policy]`, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
 
-    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
+    ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = group_view(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)
@@ -71,7 +75,7 @@ class GroupRLTask(Task):
         self.last_groups: list[PromptGroup] = []
         self._pending: tuple[int, list[list[dict]]] | None = None
 
-    def _load_dataset(self, cfg: Config, plugin, world: int):
+    def _load_dataset(self, cfg: Config, plugin: DatasetPlugin, world: int):
         """The prompt stream's dataset (the plugin's RL items; DDRL reads its SFT items instead)."""
         return load_prompt_dataset(cfg, plugin, world)
 

@@ -23,12 +23,13 @@ from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
 from sanarl.methods.soar import config as soar
+from sanarl.methods.work import GuidedRows, TrainedWork
 
 if TYPE_CHECKING:
     from sanarl.training.protocol import Task
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Method:
     """One post-training method."""
 
@@ -45,6 +46,13 @@ class Method:
     """Its cross-field checks, run by the loader after the generic ones (None: generic only)."""
     rollout_cost: Callable[[Config, int], tuple[int, int]]
     """(images generated, reward calls) of N optimizer steps."""
+    trained_work: Callable[[Config, GuidedRows], TrainedWork]
+    """What one optimizer step trains per sample (its config.py; the capacity plan reads it)."""
+    group_rollouts: bool = False
+    """Rolls out prompt groups from the policy and scores them: a rollout phase with the reward models resident."""
+    sde_transitions: bool = False
+    """Trains on the recorded SDE / CPS transitions (Flow-GRPO's per-step ratio objective): with kl_beta and no
+    LoRA it keeps a frozen reference copy of the transformer."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
 
@@ -54,16 +62,23 @@ class Method:
 
 
 METHODS: tuple[Method, ...] = (
-    Method("sft", "sft", "", "sanarl.methods.sft.task:SFTTask", sft.view, None, sft.rollout_cost,
-           {"sft-more": "tiny-shapes-sft-more"}),
-    Method("soar", "sft", "soar", "sanarl.methods.soar.task:SOARTask", soar.view, soar.validate, soar.rollout_cost,
-           {"soar": "tiny-shapes-soar"}),
-    Method("diffusion_nft", "grpo", "diffusion_nft", "sanarl.methods.nft.task:NFTTask", nft.view, nft.validate,
-           nft.rollout_cost, {"nft": "tiny-shapes-nft", "nft-solrl": "tiny-shapes-nft-solrl"}),
-    Method("flow_grpo", "grpo", "flow_grpo", "sanarl.methods.flow_grpo.task:FlowGRPOTask", flow_grpo.view,
-           flow_grpo.validate, flow_grpo.rollout_cost, {"grpo": "tiny-shapes-grpo"}),
-    Method("ddrl", "grpo", "ddrl", "sanarl.methods.ddrl.task:DDRLTask", ddrl.view, ddrl.validate,
-           ddrl.rollout_cost, {"ddrl": "tiny-shapes-ddrl"}),
+    Method(name="sft", policy_type="sft", trainer_type="", task="sanarl.methods.sft.task:SFTTask",
+           view=sft.view, validate=None, rollout_cost=sft.rollout_cost, trained_work=sft.trained_work,
+           bench={"sft-more": "tiny-shapes-sft-more"}),
+    Method(name="soar", policy_type="sft", trainer_type="soar", task="sanarl.methods.soar.task:SOARTask",
+           view=soar.view, validate=soar.validate, rollout_cost=soar.rollout_cost, trained_work=soar.trained_work,
+           bench={"soar": "tiny-shapes-soar"}),
+    Method(name="diffusion_nft", policy_type="grpo", trainer_type="diffusion_nft",
+           task="sanarl.methods.nft.task:NFTTask", view=nft.view, validate=nft.validate,
+           rollout_cost=nft.rollout_cost, trained_work=nft.trained_work, group_rollouts=True,
+           bench={"nft": "tiny-shapes-nft", "nft-solrl": "tiny-shapes-nft-solrl"}),
+    Method(name="flow_grpo", policy_type="grpo", trainer_type="flow_grpo",
+           task="sanarl.methods.flow_grpo.task:FlowGRPOTask", view=flow_grpo.view, validate=flow_grpo.validate,
+           rollout_cost=flow_grpo.rollout_cost, trained_work=flow_grpo.trained_work, group_rollouts=True,
+           sde_transitions=True, bench={"grpo": "tiny-shapes-grpo"}),
+    Method(name="ddrl", policy_type="grpo", trainer_type="ddrl", task="sanarl.methods.ddrl.task:DDRLTask",
+           view=ddrl.view, validate=ddrl.validate, rollout_cost=ddrl.rollout_cost, trained_work=ddrl.trained_work,
+           group_rollouts=True, sde_transitions=True, bench={"ddrl": "tiny-shapes-ddrl"}),
 )  # fmt: skip
 
 for _method in METHODS:

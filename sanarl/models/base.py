@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from sanarl.config.schema import PolicyConfig
-from sanarl.core.flow import grid
+from sanarl.core.flow import grid, model_timestep
+from sanarl.core.samplers import cfg_velocity
 from sanarl.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -223,7 +224,7 @@ class DiffusionAdapter(ABC):
     def model_time(self, s: torch.Tensor) -> torch.Tensor:
         """The model timestep 1000 s of levels s (float32), truncated to an integer while `integer_timesteps` is set
         (DiffusionNFT's and Sol-RL's SD3 sampler cast the float32 1000 s to a long)."""
-        t = 1000.0 * s
+        t = model_timestep(s)
         return torch.trunc(t) if self.integer_timesteps else t
 
     @contextmanager
@@ -261,6 +262,15 @@ class DiffusionAdapter(ABC):
         name = self.grid_name(grid_name)
         return grid(name, num_steps, shift, num_train_timesteps=self.num_train_timesteps, device=device)
 
+    def uncond_for(self, guidance_scale: float) -> Cond | None:
+        """The empty prompt's cond where guidance at `guidance_scale` runs an unconditional branch (a CFG family,
+        w != 1), else None; encoded once per adapter (the text encoders are frozen)."""
+        if guidance_scale == 1.0 or not self.cfg_batch:
+            return None
+        if getattr(self, "_empty_prompt", None) is None:
+            self._empty_prompt = self.encode_prompts([""])
+        return self._empty_prompt
+
     def guided_velocity(
         self,
         x: torch.Tensor,
@@ -278,7 +288,7 @@ class DiffusionAdapter(ABC):
         both = Cond.cat([uncond.expand_to(batch), cond.expand_to(batch)])
         v = self.velocity(torch.cat([x, x]), torch.cat([s, s]), both, module)
         v_u, v_c = v.chunk(2)
-        return v_u + guidance_scale * (v_c - v_u)
+        return cfg_velocity(v_u, v_c, guidance_scale)
 
     @contextmanager
     def resident(self, module: nn.Module) -> Iterator[None]:

@@ -128,12 +128,6 @@ class FluxAdapter(DiffusionAdapter):
             )
         return Cond(embeds=embeds, mask=None, pooled=pooled)
 
-    def velocity(
-        self, x: torch.Tensor, s: torch.Tensor, cond: Cond, module: nn.Module | None = None
-    ) -> torch.Tensor:
-        """v_theta(x_s, s, c) at the configured embedded guidance (`sample.guidance_scale`)."""
-        return self.guided_velocity(x, s, cond, None, self.guidance, module)
-
     def guided_velocity(
         self,
         x: torch.Tensor,
@@ -148,6 +142,7 @@ class FluxAdapter(DiffusionAdapter):
         return self._call(module, x, s, cond.expand_to(x.shape[0]), guidance_scale).float()
 
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """`velocity`'s call: at the configured embedded guidance (`sample.guidance_scale`)."""
         return self._call(module, x, s, cond, self.guidance)
 
     def _call(

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config, LoraConfig
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
 from sanarl.errors import ConfigError, DataError
@@ -105,7 +106,7 @@ def steps_plan(run: RunSettings, per_epoch: int, per_epoch_note: str = "") -> st
     return f"{per_epoch} per epoch{per_epoch_note} x {run.epoch} epoch(s) -> {total} optimizer steps; {stop}"
 
 
-def load_train_dataset(cfg: Config, plugin) -> Dataset:
+def load_train_dataset(cfg: Config, plugin: DatasetPlugin) -> Dataset:
     """The plugin's training dataset, checked non-empty (DataError naming the plugin and the key)."""
     dataset = plugin.get_dataset(cfg)
     if len(dataset) == 0:

@@ -105,8 +105,7 @@ class RolloutEngine:
             if ro.reward_workers > 0 and not self.remote
             else None
         )
-        needs_uncond = self.spec.guidance_scale != 1.0 and adapter.cfg_batch
-        self.uncond = adapter.encode_prompts([""]) if needs_uncond else None
+        self.uncond = adapter.uncond_for(self.spec.guidance_scale)
 
     # --- inference copies ---------------------------------------------------------------------------------------
     def _build_copies(self) -> None:

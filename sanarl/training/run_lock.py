@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sanarl.errors import UserError
+from sanarl.training.folders import make_dir
 
 LOCK_NAME = ".lock"
 
@@ -26,12 +27,7 @@ def run_lock(run_dir: Path, notice=print) -> Iterator[None]:
     """Hold the lock of `run_dir` (created when missing; removed again at release when the run left nothing
     else in it)."""
     created = not run_dir.exists()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(
-            f"`train.output_dir = {str(run_dir)!r}` cannot be created ({err.strerror}); choose another directory."
-        ) from None
+    make_dir(run_dir, f"train.output_dir = {str(run_dir)!r}")
     path = run_dir / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

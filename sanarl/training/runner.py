@@ -388,10 +388,7 @@ class Runner:
             else f"step {step}: validation samples"
         )
         path = save_media(images, prompts, self.run_dir / "samples" / f"step_{step:08d}", title=title)
-        if path.suffix == ".mp4":
-            logger.log_video(step, "samples", path)
-        else:
-            logger.log_image(step, "samples", path)
+        logger.log_media(step, "samples", path)
         logged = self._log_held_out_rewards(step, logger, images, prompts)
         if self.guard is not None:
             self.guard.observe(step, images, prompts, logged)

@@ -74,8 +74,8 @@ def generate_latents(
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     sigmas = spec.sigmas(adapter, device=adapter.device)
-    if spec.guidance_scale != 1.0 and uncond is None and adapter.cfg_batch:
-        uncond = adapter.encode_prompts([""])
+    if uncond is None:
+        uncond = adapter.uncond_for(spec.guidance_scale)
 
     def velocity(x_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return adapter.guided_velocity(x_t, s, cond, uncond, spec.guidance_scale, module)

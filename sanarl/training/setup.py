@@ -11,6 +11,7 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.errors import UserError
+from sanarl.training.folders import make_dir
 
 MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -69,11 +70,4 @@ def check_writable(output_dir: str) -> Path:
 
 def prepare_run_dir(output_dir: str) -> Path:
     """Create the run directory (after `check_writable`); a failure is still reported as bad input."""
-    run_dir = check_writable(output_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(
-            f'`train.output_dir = "{output_dir}"` cannot be created ({err.strerror}); choose another directory.'
-        ) from None
-    return run_dir
+    return make_dir(check_writable(output_dir), f'train.output_dir = "{output_dir}"')

@@ -22,16 +22,13 @@ import torch
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
-from sanarl.errors import ConfigError
 from sanarl.models import load_adapter
-from sanarl.models.loading import resolve_weights
-from sanarl.training.sampling import GenerationSpec, generate_latents
-from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
+from adapter_contract import AdapterContract, FamilyCase, finite_records  # noqa: E402
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
 
 PRESETS = ROOT / "tests" / "data" / "presets"
@@ -155,52 +152,41 @@ def test_grid_is_the_pipeline_schedulers_grid(flux):
     torch.testing.assert_close(sched.sigmas, sigma_grid(STEPS, flux.shift_for(32, 32)), atol=1e-6, rtol=0)
 
 
-def _sanarl(adapter, guidance: float) -> torch.Tensor:
-    spec = GenerationSpec(STEPS, guidance, "euler", 0.0, adapter.shift_for(32, 32), 32, 32)
-    cond = adapter.encode_prompts([PROMPTS[0]] * len(SEEDS))
-    return generate_latents(adapter, cond, SEEDS, spec).latents
-
-
-def _diffusers(adapter, guidance: float) -> torch.Tensor:
-    pipe = adapter.pipeline
+def _pipeline_latents(pipe, prompts: list[str], guidance: float, generators) -> torch.Tensor:
+    """`FluxPipeline.__call__` with its defaults, its packed latents unpacked by its own helper."""
     packed = pipe(
-        prompt=[PROMPTS[0]] * len(SEEDS),
-        num_inference_steps=STEPS,
-        guidance_scale=guidance,
-        height=32,
-        width=32,
-        max_sequence_length=LENGTH,
-        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
-        output_type="latent",
-    ).images
+        prompt=prompts, num_inference_steps=STEPS, guidance_scale=guidance, height=32, width=32,
+        max_sequence_length=LENGTH, generator=generators, output_type="latent",
+    ).images  # fmt: skip
     return pipe._unpack_latents(packed, 32, 32, pipe.vae_scale_factor)
 
 
-@pytest.mark.parametrize("guidance", [1.0, 3.5])
-def test_final_latents_match_the_pipeline(flux, guidance):
-    ours, theirs = _sanarl(flux, guidance), _diffusers(flux, guidance)
-    assert flux.grid_name() == "linspace"  # FluxPipeline passes sigmas = linspace(1, 1/N, N) itself
-    assert ours.shape == theirs.shape == (3, 4, 8, 8)
-    assert (ours - theirs).abs().max().item() < TOLERANCE
-    assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # different seeds, different samples
+def pack_free_velocity(pipe, x, s, cond, guidance: float, transformer=None) -> torch.Tensor:
+    """`transformer` (default: the pipeline's) called directly, packing and ids by the pipeline's own helpers, at
+    `guidance`."""
+    out = (transformer or pipe.transformer)(
+        hidden_states=pipe._pack_latents(x, 2, 4, 8, 8),
+        timestep=s,
+        guidance=torch.full((2,), guidance),
+        pooled_projections=cond.pooled,
+        encoder_hidden_states=cond.embeds,
+        txt_ids=torch.zeros(cond.embeds.shape[1], 3),
+        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
+        return_dict=False,
+    )[0]
+    return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
 
 
-def test_guidance_changes_the_sample(flux):
-    assert (_sanarl(flux, 3.5) - _sanarl(flux, 1.0)).abs().max().item() > 100 * TOLERANCE
-
-
-# --- latents ------------------------------------------------------------------------------------------------------
-def test_latents_are_the_vae_mode_shifted_and_scaled(flux):
-    vae = flux.vae
-    assert (vae.config.shift_factor, vae.config.scaling_factor) == (0.1159, 0.3611)
-    images = torch.rand(2, 3, 32, 32)
-    dist = vae.encode(2 * images - 1).latent_dist
-    z = flux.encode_images(images)
-    torch.testing.assert_close(z, (dist.mean - 0.1159) * 0.3611)
-    pipe_images = flux.pipeline.image_processor.postprocess(
-        vae.decode(z / 0.3611 + 0.1159).sample, output_type="pt"
-    )
-    torch.testing.assert_close(flux.decode(z), pipe_images, atol=1e-6, rtol=0)
+class TestContract(AdapterContract):
+    case = FamilyCase(
+        model="sanarl-tiny:flux", pipeline="FluxPipeline", grid="linspace", guidance=3.5, text_encoders=2,
+        vae_shift=0.1159, vae_scale=0.3611, shape_64x96=(4, 16, 24),
+        size_error="not divisible by 8 \\(VAE factor 4 x 2 x 2 packing\\)",
+        pipeline_latents=_pipeline_latents, direct_velocity=pack_free_velocity,
+        overrides=(FLUX,), lora_overrides=(DEFAULT_TARGETS,), tolerance=TOLERANCE,
+        lora_targets=("single_transformer_blocks.0.attn.to_q.lora_A", "transformer_blocks.0.attn.to_out.0.lora_B"),
+        lora_untouched=("add_q_proj", "proj_mlp"),  # Sol-RL's four targets only
+    )  # fmt: skip
 
 
 def test_training_latents_sample_the_posterior_as_diffusers_flux_scripts(flux):
@@ -225,29 +211,6 @@ def test_training_latents_sample_the_posterior_as_diffusers_flux_scripts(flux):
     )
 
 
-def test_latent_shape_and_sizes_the_model_cannot_take(flux):
-    assert flux.latent_shape(64, 96) == (4, 16, 24)
-    with pytest.raises(ValueError, match="not divisible by 8 \\(VAE factor 4 x 2 x 2 packing\\)"):
-        flux.latent_shape(36, 32)
-
-
-def test_t5_length_beyond_512_is_a_config_error():
-    policy = _policy()
-    policy.diffusers.max_prompt_length = 600
-    with pytest.raises(ConfigError, match="max_prompt_length = 600"):
-        load_adapter(policy)
-
-
-def test_bfloat16_frozen_parts_with_float32_master_weights(flux):
-    policy = _policy()
-    policy.diffusers.dtype = "bfloat16"
-    half = load_adapter(policy)
-    assert [m.dtype for m in half.text_encoders] == [torch.bfloat16] * 2 and half.vae.dtype == torch.bfloat16
-    full = flux.transformer.state_dict()
-    for k, v in half.transformer.state_dict().items():
-        assert v.dtype == torch.float32 and torch.equal(v, full[k]), k
-
-
 # --- every task on FLUX -------------------------------------------------------------------------------------------
 def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome:
     lora = "lora" in preset or "nft" in preset or "grpo" in preset
@@ -256,69 +219,13 @@ def _train(preset: str, out: Path, plugin: str, *extra: str) -> api.TrainOutcome
     return api.train(loaded, plugin)
 
 
-def _finite_records(out: Path, steps: int) -> list[dict]:
-    records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, steps + 1))
-    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in records)
-    return records
-
-
-def _moved(initial: dict, module: torch.nn.Module) -> float:
-    trained = {k: v.cpu() for k, v in module.state_dict().items()}
-    return sum(not torch.equal(initial[k], trained[k]) for k in initial) / len(initial)
-
-
-def test_sft_step_trains_the_transformer_and_exports_a_pipeline(tmp_path, flux):
-    from diffusers import FluxPipeline
-
-    initial = flux.transformer.state_dict()
-    outcome = _train("sd3-sft.toml", tmp_path, SQUARES, "policy.diffusers.sample.guidance_scale=3.5")
-    _finite_records(tmp_path, 1)
-    trained = outcome.task.adapter.transformer
-    assert _moved(initial, trained) >= 0.9
-    reloaded = FluxPipeline.from_pretrained(str(tmp_path / "export"))
-    for k, v in reloaded.transformer.state_dict().items():
-        assert torch.equal(v, trained.state_dict()[k].cpu()), k
-
-
-def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, flux):
-    from diffusers import FluxPipeline
-
-    outcome = _train("sd3-sft-lora.toml", tmp_path, SQUARES)
-    _finite_records(tmp_path, 1)
-    adapter = outcome.task.adapter
-    names = [k for k, _ in outcome.task.trainable_parameters()]
-    assert any("single_transformer_blocks.0.attn.to_q.lora_A" in k for k in names)
-    assert any("transformer_blocks.0.attn.to_out.0.lora_B" in k for k in names)
-    assert not any("add_q_proj" in k or "proj_mlp" in k for k in names)  # Sol-RL's four targets only
-    pipe = FluxPipeline.from_pretrained(str(resolve_weights("sanarl-tiny:flux")))
-    pipe.load_lora_weights(str(tmp_path / "export"))
-    cond = adapter.encode_prompts(PROMPTS).to("cpu")
-    x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
-    theirs = pipe.transformer(
-        hidden_states=pipe._pack_latents(x, 2, 4, 8, 8),
-        timestep=s,
-        guidance=torch.full((2,), adapter.guidance),
-        pooled_projections=cond.pooled,
-        encoder_hidden_states=cond.embeds,
-        txt_ids=torch.zeros(LENGTH, 3),
-        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
-        return_dict=False,
-    )[0]
-    with torch.no_grad():
-        ours = adapter.velocity(x.to(adapter.device), s.to(adapter.device), cond.to(adapter.device)).cpu()
-        base = flux.guided_velocity(x, s, cond, None, adapter.guidance)
-    assert (ours - base).abs().max() > 1e-4  # the step moved the LoRA weights off zero
-    torch.testing.assert_close(pipe._unpack_latents(theirs, 32, 32, 4), ours, atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_nft_iteration_with_every_rollout_family(tmp_path, monkeypatch, family):
     from sanarl.core.lora import adapter_parameters
 
     compiled = record_compiles(monkeypatch)
     outcome = _train("sd3-nft.toml", tmp_path, SHAPES, *FAMILIES[family])
-    records = _finite_records(tmp_path, 1)
+    records = finite_records(tmp_path, 1)
     lora_b = adapter_parameters(outcome.task.adapter.transformer, "default")
     assert sum(v.abs().max() > 0 for k, v in lora_b.items() if "lora_B" in k) >= 6
     check_family_run(outcome, records, compiled)
@@ -330,7 +237,7 @@ def test_flow_grpo_iteration_with_embedded_guidance(tmp_path, cfg_in_training):
 
     flag = f"train.train_policy.cfg_in_training={str(cfg_in_training).lower()}"
     outcome = _train("sd3-grpo.toml", tmp_path, SHAPES, flag)
-    _finite_records(tmp_path, 1)
+    finite_records(tmp_path, 1)
     task, adapter = outcome.task, outcome.task.adapter
     assert task.engine.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
     default = adapter_parameters(adapter.transformer, "default")
@@ -339,38 +246,8 @@ def test_flow_grpo_iteration_with_embedded_guidance(tmp_path, cfg_in_training):
     cond = adapter.encode_prompts(PROMPTS)
     x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
     with torch.no_grad(), adapters_disabled(adapter.trainable_module()):
-        base_at_2 = pack_free_velocity(adapter, x, s, cond, 2.0)
+        base_at_2 = pack_free_velocity(adapter.pipeline, x, s, cond, 2.0, adapter.transformer)
     torch.testing.assert_close(task._reference_velocity(x, s, cond), base_at_2)
-
-
-def pack_free_velocity(adapter, x, s, cond, guidance: float) -> torch.Tensor:
-    """The transformer called directly (packing and ids by the pipeline's own helpers) at `guidance`."""
-    pipe = adapter.pipeline
-    out = adapter.transformer(
-        hidden_states=pipe._pack_latents(x, 2, 4, 8, 8),
-        timestep=s,
-        guidance=torch.full((2,), guidance),
-        pooled_projections=cond.pooled,
-        encoder_hidden_states=cond.embeds,
-        txt_ids=torch.zeros(cond.embeds.shape[1], 3),
-        img_ids=pipe._prepare_latent_image_ids(2, 4, 4, "cpu", torch.float32),
-        return_dict=False,
-    )[0]
-    return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
-
-
-def test_soar_steps_read_the_shipped_example_data(tmp_path, flux):
-    data = ROOT / "sanarl" / "data" / "datasets" / "examples" / "soar"
-    initial = flux.transformer.state_dict()
-    outcome = _train(
-        "sd3-soar.toml",
-        tmp_path,
-        "sanarl.datasets.soar_jsonl",
-        f"train.train_policy.dataset.local_dir={data}",
-    )
-    for r in _finite_records(tmp_path, 2):
-        assert r["loss_main"] > 0 and r["loss_aux"] >= 0
-    assert _moved(initial, outcome.task.adapter.transformer) >= 0.9
 
 
 @pytest.mark.parametrize("frozen_float32", [False, True], ids=["bf16-base", "float32-base"])
@@ -384,7 +261,7 @@ def test_lora_keeps_the_frozen_base_in_the_preset_dtype(tmp_path, frozen_float32
         "policy.diffusers.dtype=bfloat16",
         f"policy.diffusers.frozen_base_float32={str(frozen_float32).lower()}",
     )
-    _finite_records(tmp_path, 1)
+    finite_records(tmp_path, 1)
     params = dict(outcome.task.adapter.transformer.named_parameters())
     frozen = {p.dtype for n, p in params.items() if "lora_" not in n}
     assert frozen == ({torch.float32} if frozen_float32 else {torch.bfloat16})

@@ -11,7 +11,6 @@ explicit `sigmas = linspace(1, 1/N, N)` against sanarl's `sample.sigma_grid = "l
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -22,16 +21,14 @@ import torch
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
-from sanarl.errors import ConfigError
 from sanarl.models import load_adapter
-from sanarl.models.loading import resolve_weights
 from sanarl.training.sampling import GenerationSpec, generate_latents
-from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
+from adapter_contract import AdapterContract, FamilyCase, finite_records  # noqa: E402
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
 
 PRESETS = ROOT / "tests" / "data" / "presets"
@@ -73,6 +70,42 @@ def sd3(tiny):
     adapter = load_adapter(policy)
     adapter.transformer.eval()
     return adapter
+
+
+def _pipeline_latents(pipe, prompts: list[str], guidance: float, generators) -> torch.Tensor:
+    """`StableDiffusion3Pipeline.__call__` with its defaults."""
+    return pipe(
+        prompt=prompts, num_inference_steps=STEPS, guidance_scale=guidance, height=32, width=32,
+        max_sequence_length=LENGTH, generator=generators, output_type="latent",
+    ).images  # fmt: skip
+
+
+def _direct_velocity(pipe, x, s, cond, guidance: float) -> torch.Tensor:
+    """The MMDiT called directly at timestep 1000 s with the pooled projections."""
+    return pipe.transformer(
+        hidden_states=x,
+        encoder_hidden_states=cond.embeds,
+        pooled_projections=cond.pooled,
+        timestep=1000 * s,
+        return_dict=False,
+    )[0]
+
+
+def _case(tiny: str) -> FamilyCase:
+    return FamilyCase(
+        model=f"sanarl-tiny:{tiny}", pipeline="StableDiffusion3Pipeline", grid="flow_match_euler", guidance=4.5,
+        text_encoders=3, vae_shift=0.0609, vae_scale=1.5305, shape_64x96=(4, 16, 24),
+        size_error="not divisible by 8 \\(VAE factor 4 x patch size 2\\)",
+        pipeline_latents=_pipeline_latents, direct_velocity=_direct_velocity, lora_targets=(".attn.add_q_proj.lora_A",),
+    )  # fmt: skip
+
+
+class TestMediumContract(AdapterContract):
+    case = _case("sd3")
+
+
+class TestLargeContract(AdapterContract):
+    case = _case("sd35l")
 
 
 def test_dual_attention_only_in_the_medium_shape(sd3, tiny):
@@ -156,15 +189,6 @@ def _diffusers(adapter, guidance: float, **explicit) -> torch.Tensor:
     ).images
 
 
-@pytest.mark.parametrize("guidance", [1.0, 4.5])
-def test_final_latents_match_the_pipeline(sd3, guidance):
-    ours, theirs = _sanarl(sd3, guidance), _diffusers(sd3, guidance)
-    assert sd3.default_shift == 3.0 and sd3.grid_name() == "flow_match_euler"
-    assert ours.shape == theirs.shape == (3, 4, 8, 8)
-    assert (ours - theirs).abs().max().item() < 1e-5
-    assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # different seeds, different samples
-
-
 def test_explicit_linspace_sigmas_match_the_linspace_grid(sd3):
     linspace = list(np.linspace(1.0, 1.0 / STEPS, STEPS))
     ours, theirs = _sanarl(sd3, 1.0, "linspace"), _diffusers(sd3, 1.0, sigmas=linspace)
@@ -210,34 +234,7 @@ def test_integer_timesteps_while_sampling_and_the_float_in_training(sd3):
     assert (ours - _sanarl(sd3, 1.0)).abs().max().item() > 1e-6  # the float timesteps really differ
 
 
-def test_guidance_changes_the_sample(sd3):
-    assert (_sanarl(sd3, 4.5) - _sanarl(sd3, 1.0)).abs().max().item() > 1e-2
-
-
 # --- latents ------------------------------------------------------------------------------------------------------
-def test_latents_are_the_vae_mode_shifted_and_scaled(sd3):
-    vae = sd3.vae
-    assert (vae.config.shift_factor, vae.config.scaling_factor) == (0.0609, 1.5305)
-    images = torch.rand(2, 3, 32, 32)
-    dist = vae.encode(2 * images - 1).latent_dist
-    z = sd3.encode_images(images)
-    torch.testing.assert_close(z, (dist.mean - 0.0609) * 1.5305)
-    assert torch.equal(sd3.encode_images(images), z)  # the mode: deterministic
-    # decode undoes exactly that normalisation and maps [-1, 1] -> [0, 1], as the pipeline's decode + postprocess
-    raw = vae.decode(dist.mean).sample
-    torch.testing.assert_close(sd3.decode(z), ((raw + 1) / 2).clamp(0, 1), atol=1e-5, rtol=0)
-    pipe_images = sd3.pipeline.image_processor.postprocess(
-        vae.decode(z / 1.5305 + 0.0609).sample, output_type="pt"
-    )
-    torch.testing.assert_close(sd3.decode(z), pipe_images, atol=1e-6, rtol=0)
-
-
-def test_latent_shape_and_sizes_the_model_cannot_take(sd3):
-    assert sd3.latent_shape(64, 96) == (4, 16, 24)
-    with pytest.raises(ValueError, match="not divisible by 8 \\(VAE factor 4 x patch size 2\\)"):
-        sd3.latent_shape(36, 32)
-
-
 def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd3, tiny):
     policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
     policy.diffusers.max_prompt_length = LENGTH
@@ -252,26 +249,6 @@ def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd
     assert all(next(m.parameters()).device.type == "cpu" for m in frozen)
 
 
-def test_bfloat16_frozen_parts_with_float32_master_weights(sd3, tiny):
-    policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
-    policy.diffusers.max_prompt_length = LENGTH
-    policy.diffusers.dtype = "bfloat16"
-    half = load_adapter(policy)
-    assert [m.dtype for m in half.text_encoders] == [torch.bfloat16] * 3 and half.vae.dtype == torch.bfloat16
-    full = sd3.transformer.state_dict()
-    for k, v in half.transformer.state_dict().items():  # read straight into float32: bit-identical weights
-        assert v.dtype == torch.float32 and torch.equal(v, full[k]), k
-    cond = half.encode_prompts(PROMPTS)
-    torch.testing.assert_close(cond.pooled.float(), sd3.encode_prompts(PROMPTS).pooled, atol=0.05, rtol=0.05)
-
-
-def test_t5_length_beyond_512_is_a_config_error():
-    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sd3")
-    policy.diffusers.max_prompt_length = 600
-    with pytest.raises(ConfigError, match="max_prompt_length = 600"):
-        load_adapter(policy)
-
-
 # --- every task on SD3 --------------------------------------------------------------------------------------------
 def _train(preset: str, out: Path, plugin: str, tiny: str, *extra: str) -> api.TrainOutcome:
     overrides = [f"train.output_dir={out}", f"policy.model_name_or_path=sanarl-tiny:{tiny}", *extra]
@@ -279,68 +256,11 @@ def _train(preset: str, out: Path, plugin: str, tiny: str, *extra: str) -> api.T
     return api.train(loaded, plugin)
 
 
-def _finite_records(out: Path, steps: int) -> list[dict]:
-    records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, steps + 1))
-    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in records)
-    return records
-
-
-def test_sft_step_trains_the_mmdit_and_exports_a_pipeline(tmp_path, sd3, tiny):
-    from diffusers import StableDiffusion3Pipeline
-
-    initial = sd3.transformer.state_dict()  # the same tiny weights, never trained
-    outcome = _train(
-        "sd3-sft.toml",
-        tmp_path,
-        SQUARES,
-        tiny,
-        "validation.enable=true",
-        "validation.num_samples=2",
-        "validation.batch_size=2",
-        "policy.diffusers.sample.eval_num_steps=2",
-        "policy.diffusers.sample.guidance_scale=4.5",
-    )
-    _finite_records(tmp_path, 1)
-    assert [p.name for p in (tmp_path / "samples").glob("*.png")] == ["step_00000001.png"]  # decoded grid
-    trained = {k: v.cpu() for k, v in outcome.task.adapter.transformer.state_dict().items()}
-    assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
-    reloaded = StableDiffusion3Pipeline.from_pretrained(str(tmp_path / "export"))
-    for k, v in reloaded.transformer.state_dict().items():
-        assert torch.equal(v, trained[k]), k
-
-
-def test_lora_sft_export_loads_with_load_lora_weights(tmp_path, sd3, tiny):
-    from diffusers import StableDiffusion3Pipeline
-
-    outcome = _train("sd3-sft-lora.toml", tmp_path, SQUARES, tiny)
-    _finite_records(tmp_path, 1)
-    adapter = outcome.task.adapter
-    assert any(".attn.add_q_proj.lora_A" in k for k, _ in outcome.task.trainable_parameters())
-    pipe = StableDiffusion3Pipeline.from_pretrained(str(resolve_weights(f"sanarl-tiny:{tiny}")))
-    pipe.load_lora_weights(str(tmp_path / "export"))
-    # the run used its accelerator's device (cuda when present); the comparison runs on CPU
-    cond = adapter.encode_prompts(PROMPTS).to("cpu")
-    x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
-    theirs = pipe.transformer(
-        hidden_states=x,
-        encoder_hidden_states=cond.embeds,
-        pooled_projections=cond.pooled,
-        timestep=1000 * s,
-        return_dict=False,
-    )[0]
-    with torch.no_grad():
-        ours = adapter.velocity(x.to(adapter.device), s.to(adapter.device), cond.to(adapter.device)).cpu()
-        base = sd3.velocity(x, s, cond)
-    assert (ours - base).abs().max() > 1e-4  # the step moved the LoRA weights off zero
-    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
-
-
 def test_nft_iteration_trains_the_default_adapter(tmp_path, tiny):
     from sanarl.core.lora import adapter_parameters
 
     outcome = _train("sd3-nft.toml", tmp_path, SHAPES, tiny)
-    _finite_records(tmp_path, 1)
+    finite_records(tmp_path, 1)
     lora_b = {
         k: v
         for k, v in adapter_parameters(outcome.task.adapter.transformer, "default").items()
@@ -380,7 +300,7 @@ def test_nft_rollout_families_on_the_large_shape(tmp_path, monkeypatch, family):
     """Every search family trains on the SD3.5-Large shape (the plain family is the test above, on both shapes)."""
     compiled = record_compiles(monkeypatch)
     outcome = _train("sd3-nft.toml", tmp_path, SHAPES, "sd35l", *FAMILIES[family])
-    check_family_run(outcome, _finite_records(tmp_path, 1), compiled)
+    check_family_run(outcome, finite_records(tmp_path, 1), compiled)
 
 
 def test_flow_grpo_iteration_with_cfg(tmp_path, tiny):
@@ -389,31 +309,9 @@ def test_flow_grpo_iteration_with_cfg(tmp_path, tiny):
     assert torch.equal(task.sigmas.cpu(), _pipeline_grid(task.adapter, task.spec.num_steps))
     from sanarl.core.lora import adapter_parameters
 
-    _finite_records(tmp_path, 1)
+    finite_records(tmp_path, 1)
     default = adapter_parameters(outcome.task.adapter.transformer, "default")
     assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
-
-
-def test_soar_steps_read_the_shipped_example_data(tmp_path, sd3, tiny):
-    data = ROOT / "sanarl" / "data" / "datasets" / "examples" / "soar"
-    initial = sd3.transformer.state_dict()
-    outcome = _train(
-        "sd3-soar.toml",
-        tmp_path,
-        "sanarl.datasets.soar_jsonl",
-        tiny,
-        f"train.train_policy.dataset.local_dir={data}",
-    )
-    dataset = outcome.task.train_dataset
-    assert sorted(dataset.buckets) == [(64, 64), (64, 96)] and len(dataset) == 6
-    assert outcome.task.steps_per_epoch() == 2  # one batch of 2 per bucket; the third row of each sits out
-    for r in _finite_records(tmp_path, 2):
-        assert r["loss_main"] > 0 and r["loss_aux"] >= 0
-        active = 2 * (1 - r["boundary_fraction"])  # of the batch of 2
-        # points x (paths x active samples + the ODE path of the boundary samples, as HY-SOAR)
-        assert r["num_aux_points"] == pytest.approx(2 * (2 * active + (2 - active)))
-    trained = {k: v.cpu() for k, v in outcome.task.adapter.transformer.state_dict().items()}
-    assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= 0.9 * len(initial)
 
 
 def _soar_step_mmdit_inputs(sd3, monkeypatch, u: torch.Tensor, steps: int) -> tuple[dict, list[dict]]:

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config, DDRLConfig
 from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
+from sanarl.methods.flow_grpo.config import trained_work as flow_grpo_trained_work
 from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
 from sanarl.methods.group_config import GroupRLView, group_view, rollouts_for
+from sanarl.methods.work import GuidedRows, TrainedWork
 
 KEY = "train.train_policy.ddrl"
 RANDOM_STEP = -1
@@ -102,6 +104,15 @@ def _check_train_on(cfg: Config, train_on: list[int]) -> None:
         extra <= last - len(fixed),
         f"`{KEY}.train_on` = {train_on} asks for {extra} random steps (-1) but only {last - len(fixed)} steps are "
         "not listed; remove some -1 entries.",
+    )
+
+
+def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
+    """Flow-GRPO's, on the explicit train_on steps when given, with the data term's row beside each policy row
+    (one shared forward)."""
+    d = cfg.train.train_policy.ddrl
+    return flow_grpo_trained_work(
+        cfg, guided, levels=len(d.train_on) or None, data_rows=1 if d.data_beta > 0 else 0
     )
 
 

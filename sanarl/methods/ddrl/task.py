@@ -28,6 +28,7 @@ from functools import partial
 
 import torch
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.ddrl import ddrl_advantages, ddrl_loss, select_train_on
 from sanarl.core.flow import interpolate
@@ -41,7 +42,7 @@ from sanarl.methods.flow_grpo.task import FlowGRPOTask, GRPOBatch
 from sanarl.methods.flow_grpo.trajectory import Trajectory, trainable_positions
 from sanarl.methods.group_rl import checked_prompt_dataset
 from sanarl.methods.sft.task import draw_vae_noise, encode_media, latent_shape_of, media_key
-from sanarl.models.base import Cond
+from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.protocol import per_rank_batch, run_settings
 from sanarl.training.rollout import PromptGroup, group_seeds
 
@@ -75,7 +76,9 @@ class DDRLTask(FlowGRPOTask):
 
     view: DDRLView
 
-    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
+    ) -> None:
         validate(cfg)
         self._data_items = uses_data_items(cfg)  # read by _load_dataset, which the base constructor calls
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
@@ -86,7 +89,7 @@ class DDRLTask(FlowGRPOTask):
         self._data_x0: torch.Tensor | None = None
         self._initial: torch.Tensor | None = None
 
-    def _load_dataset(self, cfg: Config, plugin, world: int):
+    def _load_dataset(self, cfg: Config, plugin: DatasetPlugin, world: int):
         """The plugin's SFT items (image + caption) when the data term reads the dataset, else its prompt set."""
         if not self._data_items:
             return super()._load_dataset(cfg, plugin, world)

@@ -11,6 +11,7 @@ from sanarl.methods.group_config import (
     group_view,
     rollouts_for,
 )
+from sanarl.methods.work import GuidedRows, TrainedWork
 
 STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
@@ -86,6 +87,18 @@ def _check_window(size: int, window_range: list[int], num_steps: int, solver: st
             f"policy.diffusers.sample.num_steps = {num_steps}; set sde_window_range = [0, {last}] (or a sub-range) "
             f"and sde_window_size <= {last}."
         )
+
+
+def trained_work(
+    cfg: Config, guided: GuidedRows, levels: int | None = None, data_rows: int = 0
+) -> TrainedWork:
+    """One trained forward per SDE step of the window (all steps without one), both CFG branches with
+    cfg_in_training, and the reference's forward of the same rows with kl_beta."""
+    tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
+    policy = guided(1, sample.guidance_scale) if tp.cfg_in_training else 1
+    levels = levels or tp.sde_window_size or sample.num_steps
+    rows = policy + data_rows
+    return TrainedWork(levels=levels, rows=rows, frozen_rows=levels * rows * (1 if tp.kl_beta > 0 else 0))
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:

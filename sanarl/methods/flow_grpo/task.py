@@ -42,11 +42,12 @@ from typing import NamedTuple, TypedDict
 
 import torch
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import clip_advantages
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
-from sanarl.core.samplers import cps_step, flow_sde_step
+from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step
 from sanarl.methods.flow_grpo.config import validate, view
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
@@ -58,7 +59,7 @@ from sanarl.methods.flow_grpo.trajectory import (
 )
 from sanarl.methods.group_config import GroupRLView
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
-from sanarl.models.base import Cond
+from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.rollout import PromptGroup
 
@@ -117,7 +118,9 @@ class FlowGRPOTask(GroupRLTask):
 
     lora_names = ("default",)
 
-    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
+    ) -> None:
         validate(cfg)  # also for a config built in code, which never went through the loader
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         tp, w = self.view.train_policy, self.view.diffusers.sample.guidance_scale
@@ -336,7 +339,7 @@ class FlowGRPOTask(GroupRLTask):
         parts = v.split(batch)
         if not guided:
             return parts[0], parts[1]
-        return parts[0] + w * (parts[1] - parts[0]), parts[2]
+        return cfg_velocity(parts[0], parts[1], w), parts[2]
 
     @torch.no_grad()
     def _reference_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:

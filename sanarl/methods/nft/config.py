@@ -12,6 +12,7 @@ from sanarl.methods.group_config import (
     group_view,
     rollouts_for,
 )
+from sanarl.methods.work import GuidedRows, TrainedWork
 
 view = group_view
 """Its config view: the group-RL sections (group_config.GroupRLView)."""
@@ -42,6 +43,14 @@ def validate(cfg: Config) -> None:
         'an adapter named "old"; set lora_names = ["default", "old"].',
     )
     check_steps_per_rollout(cfg)
+
+
+def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
+    """One trained forward per trained level (num_steps x timesteps_fraction), each with the old policy's forward
+    and, with kl_beta, the reference's."""
+    levels = max(1, int(cfg.policy.diffusers.sample.num_steps * cfg.policy.diffusers.timesteps_fraction))
+    frozen = 1 + (1 if cfg.train.train_policy.kl_beta > 0 else 0)
+    return TrainedWork(levels=levels, rows=1, frozen_rows=levels * frozen)
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sanarl.config.schema import Config, DatasetConfig, DiffusersConfig, LoraConfig
+from sanarl.methods.work import GuidedRows, TrainedWork
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,11 @@ class SFTView:
 
 def view(cfg: Config) -> SFTView:
     return SFTView(cfg.policy.diffusers, cfg.train.train_policy.dataset, cfg.policy.lora)
+
+
+def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
+    """One trained forward of the training rows per sample."""
+    return TrainedWork(levels=1, rows=1)
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:

@@ -15,12 +15,14 @@ from typing import TypedDict
 
 import torch
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config, DiffusersConfig
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
 from sanarl.methods.sft.config import SFTView, view
+from sanarl.models.base import DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
 from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
 
@@ -106,7 +108,9 @@ class SFTTask(Task):
     view: SFTView
     """The sections SFT reads (its config.py)."""
 
-    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
+    ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.train_dataset = load_train_dataset(cfg, plugin)
         self.collate = getattr(plugin, "collate", default_collate)

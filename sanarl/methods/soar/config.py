@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sanarl.config.schema import Config, DiffusersConfig, SoarConfig
 from sanarl.errors import ConfigError
+from sanarl.methods.work import GuidedRows, TrainedWork
 
 ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
@@ -78,6 +79,17 @@ def view(cfg: Config) -> SOARView:
 def validate(cfg: Config) -> None:
     """SOAR's own checks: every `[train.train_policy.soar]` value inside its domain."""
     check_soar_config(view(cfg).soar)
+
+
+def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
+    """One trained forward over the sample and its num_rollout_paths x trajectory_length auxiliary targets, plus
+    the no-grad CFG forward that makes the targets."""
+    soar = cfg.train.train_policy.soar
+    return TrainedWork(
+        levels=1,
+        rows=1 + soar.num_rollout_paths * soar.trajectory_length,
+        frozen_rows=guided(1, soar.cfg_scale_sampling),
+    )
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:

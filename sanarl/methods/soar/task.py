@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward, soar_normaliser, soar_step
@@ -62,7 +63,7 @@ from sanarl.methods.soar.config import (
     validate,
     view,
 )
-from sanarl.models.base import Cond
+from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
 from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
 
@@ -277,7 +278,9 @@ class SOARTask(Task):
     view: SOARView
     """The sections SOAR reads (its config.py)."""
 
-    def __init__(self, cfg: Config, adapter, plugin, *, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
+    ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = view(cfg)
         self.soar = self.view.soar
@@ -285,7 +288,6 @@ class SOARTask(Task):
         self.train_dataset = load_train_dataset(cfg, plugin)
         self.collate = getattr(plugin, "collate", default_collate)
         self.flow_shift = self.view.diffusers.sample.flow_shift
-        self._uncond: Cond | None = None
         self._metrics: dict[str, float] = {}
         self._check_buckets()
 
@@ -356,9 +358,7 @@ class SOARTask(Task):
     def rollout_velocity(self, z: Tensor, s: Tensor, cond: Cond) -> Tensor:
         """v_cfg = v_u + w (v_c - v_u) with the current weights, no grad, on the unwrapped transformer."""
         w = self.soar.cfg_scale_sampling
-        if w != 1.0 and self._uncond is None and self.adapter.cfg_batch:
-            self._uncond = self.adapter.encode_prompts([""])
-        uncond = self._uncond if w != 1.0 else None
+        uncond = self.adapter.uncond_for(w)
         return self.adapter.guided_velocity(z, s, cond, uncond, w, module=self.adapter.transformer)
 
     def _cond(self, batch: dict) -> Cond:

@@ -12,17 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sanarl.config.schema import Config
+from sanarl.methods.registry import method_of
 from sanarl.models.meta import components_table
 from sanarl.tools.capacity.accelerators import MFU, Accelerator
-from sanarl.tools.capacity.memory import (
-    GROUP_RL,
-    POLICY_GRADIENT,
-    Estimate,
-    guided_rows,
-    method_name,
-    rollout_counts,
-    training_rows,
-)
+from sanarl.tools.capacity.memory import Estimate, guided_rows, rollout_counts, trained_work
 
 
 @dataclass
@@ -44,14 +37,14 @@ def per_row(est: Estimate, name: str) -> float:
 
 def iteration_flops(cfg: Config, est: Estimate) -> Flops:
     """FLOPs of one optimizer step on one rank."""
-    method, tp = method_name(cfg), cfg.train.train_policy
+    tp = cfg.train.train_policy
     train_row = per_row(est, "train")
     sample = cfg.policy.diffusers.sample
     from sanarl.training.protocol import per_rank_batch, run_settings
 
     samples = per_rank_batch(run_settings(cfg), est.world)
     rollout = preview = rewards = 0.0
-    if method in GROUP_RL:
+    if method_of(cfg).group_rollouts:
         prompts, m, k = rollout_counts(cfg, est.world)
         guided = guided_rows(cfg, est.arch, 1, sample.guidance_scale)
         step = per_row(est, "rollout") * guided
@@ -69,22 +62,7 @@ def iteration_flops(cfg: Config, est: Estimate) -> Flops:
         reward_params = sum(components_table()["rewards"].get(f.name, {"params": 0})["params"]
                             for f in tp.remote_reward.reward_fns)  # fmt: skip
         rewards = images * 2 * reward_params * 257
-    rows = training_rows(cfg, est.arch) / tp.mini_batch
-    if method == "diffusion_nft":
-        levels = max(1, int(sample.num_steps * cfg.policy.diffusers.timesteps_fraction))
-        extra = 1 + (1 if tp.kl_beta > 0 else 0)
-        training = samples * levels * train_row * (3 + extra)
-    elif method in POLICY_GRADIENT:
-        levels = tp.sde_window_size or sample.num_steps
-        if method == "ddrl" and tp.ddrl.train_on:
-            levels = len(tp.ddrl.train_on)
-        extra = 1 if tp.kl_beta > 0 else 0
-        training = samples * levels * rows * train_row * (3 + extra)
-    elif method == "soar":
-        guided = guided_rows(cfg, est.arch, 1, tp.soar.cfg_scale_sampling)
-        training = samples * (rows * 3 + guided) * train_row
-    else:
-        training = samples * 3 * train_row
+    training = samples * trained_work(cfg, est.arch).forward_rows() * train_row
     return Flops(rollout, preview, training, rewards)
 
 

@@ -25,6 +25,9 @@ from dataclasses import astuple, dataclass, field
 import torch
 
 from sanarl.config.schema import Config
+from sanarl.evaluation.weights import lora_names
+from sanarl.methods.registry import method_of
+from sanarl.methods.work import TrainedWork
 from sanarl.models.base import DTYPES, transformer_dtype
 from sanarl.models.meta import (
     Architecture,
@@ -40,8 +43,8 @@ from sanarl.tools.capacity.simulate import Trace, trace
 
 BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 QUANT_BYTES = {"nvfp4": 0.5 + 1 / 16, "fp8": 1.0, "e2m1_delayed": 1.0, "int8": 1.0, "auto": 1.0}
-"""Bytes per quantized weight (e2m1_delayed: transformer-engine stores it as FP8 E5M2, docs/nft.md)."""
-"""Bytes per weight of a quantized layer's low-precision form (NVFP4: 4-bit values plus one 8-bit scale per 16)."""
+"""Bytes per weight of a quantized layer's low-precision form (NVFP4: 4-bit values plus one 8-bit scale per 16;
+e2m1_delayed: transformer-engine stores it as FP8 E5M2, docs/nft.md)."""
 
 
 @dataclass
@@ -82,20 +85,9 @@ class Estimate:
         return max(self.phases, key=lambda p: p.total)
 
 
-GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl")
-"""Methods that roll out groups and score them (rollout phase, reward models resident)."""
-POLICY_GRADIENT = ("flow_grpo", "ddrl")
-"""Methods on Flow-GRPO's SDE rollouts and per-step ratio objective (DDRL adds its data rows)."""
-
-
-def method_name(cfg: Config) -> str:
-    tp = cfg.train.train_policy
-    return tp.trainer_type if tp.type == "grpo" else (tp.trainer_type or "sft")
-
-
-def lora_names(cfg: Config) -> list[str]:
-    extra = ["old"] if method_name(cfg) == "diffusion_nft" else []
-    return list(dict.fromkeys([*cfg.policy.lora.lora_names, "default", *extra]))
+def trained_work(cfg: Config, arch: Architecture) -> TrainedWork:
+    """What one optimizer step trains per sample, as the config's method declares it."""
+    return method_of(cfg).trained_work(cfg, lambda batch, w: guided_rows(cfg, arch, batch, w))
 
 
 def build_module(cfg: Config, arch: Architecture, dtype: torch.dtype, checkpointing: bool) -> torch.nn.Module:
@@ -184,20 +176,9 @@ def guided_rows(cfg: Config, arch: Architecture, batch: int, guidance: float) ->
 
 
 def training_rows(cfg: Config, arch: Architecture) -> int:
-    """Rows of one trained forward: mini_batch (x2 for Flow-GRPO's CFG training forward, + mini_batch data rows
-    for DDRL's data term, x (1 + paths x points) for SOAR's auxiliary rows)."""
-    tp, mb = cfg.train.train_policy, cfg.train.train_policy.mini_batch
-    method = method_name(cfg)
-    policy = mb
-    if method in POLICY_GRADIENT and tp.cfg_in_training:
-        policy = guided_rows(cfg, arch, mb, cfg.policy.diffusers.sample.guidance_scale)
-    if method == "ddrl":
-        return policy + (mb if tp.ddrl.data_beta > 0 else 0)  # the data rows share the policy rows' forward
-    if method == "flow_grpo":
-        return policy
-    if method == "soar":
-        return mb * (1 + tp.soar.num_rollout_paths * tp.soar.trajectory_length)
-    return mb
+    """Rows of one trained forward: mini_batch times the method's rows per sample (Flow-GRPO's CFG branches,
+    DDRL's data rows, SOAR's auxiliary targets)."""
+    return round(trained_work(cfg, arch).rows * cfg.train.train_policy.mini_batch)
 
 
 def _count_params(cfg: Config, arch: Architecture) -> dict[str, int]:
@@ -258,7 +239,7 @@ def resident_terms(
         terms.append(Term(f"{cfg.train.optm_name} moments (2 x float32)", trainable * 8, "train.optm_name"))
     if cfg.train.ema_enable:
         terms.append(Term("EMA (float32)", trainable * 4, "train.ema_enable"))
-    if method_name(cfg) in GROUP_RL:
+    if method_of(cfg).group_rollouts:
         fns = cfg.train.train_policy.remote_reward.reward_fns
         if not cfg.train.train_policy.use_remote_reward:
             terms += _reward_terms([(f.name, f.options) for f in fns], "reward")
@@ -268,12 +249,12 @@ def resident_terms(
 
 def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
     """Sol-RL's inference copies and Flow-GRPO's frozen reference copy."""
-    ro, method = cfg.rollout, method_name(cfg)
+    ro, method = cfg.rollout, method_of(cfg)
     whole = params["transformer"] * BYTES[transformer_dtype(cfg.policy)]
     quant = ro.preview_precision if ro.preview_precision != "bf16" else None
     packed = 0 if quant is None else params["quantized"] * QUANT_BYTES[quant]
     terms = []
-    if method == "diffusion_nft" and ro.family in ("compile", "naive_quant", "sol_rl"):
+    if method.group_rollouts and ro.family in ("compile", "naive_quant", "sol_rl"):  # NFT's inference copies
         terms.append(Term(f"inference copy ({ro.family}, merged old adapter)", whole, "rollout.family"))
         if quant and ro.family in ("naive_quant", "sol_rl"):
             if ro.family == "sol_rl":
@@ -281,7 +262,7 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
             terms.append(Term(f"{quant} form of {params['quantized'] / 1e6:.0f}M quantized weights", packed,
                               "rollout.nvfp4_min_dim"))  # fmt: skip
     kl = cfg.train.train_policy.kl_beta > 0
-    if method in POLICY_GRADIENT and kl and cfg.policy.lora is None:
+    if method.sde_transitions and kl and cfg.policy.lora is None:
         terms.append(Term("reference copy (kl_beta, full fine-tune)", whole, "train.train_policy.kl_beta"))
     return terms
 
@@ -306,7 +287,7 @@ def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = 
     module = meta_transformer(arch, torch.float32)
     size = tuple(cfg.policy.diffusers.inference_size)
     latent = example_inputs(module, arch, 1, size, _frames(cfg, False), 1)["hidden_states"].numel()
-    rl = method_name(cfg) in GROUP_RL
+    rl = method_of(cfg).group_rollouts
     kept_latents = []
     if rl:
         prompts, m, k = rollout_counts(cfg, world)
@@ -361,7 +342,7 @@ def _training_terms(
     if cfg.policy.lora is None and compute_dtype(cfg) != torch.float32:
         terms.append(Term(f"autocast {dtype_name(compute_dtype(cfg))} weight copies", params["transformer"]
                           * BYTES[compute_dtype(cfg)] / shard, "train.param_dtype"))  # fmt: skip
-    if cfg.train.train_policy.kl_beta > 0 and method_name(cfg) in GROUP_RL:
+    if cfg.train.train_policy.kl_beta > 0 and method_of(cfg).group_rollouts:
         ref = traced(cfg, rows, grad=False)
         terms.append(Term(f"reference forward of {rows} rows (kl_beta) while the graph is held", ref.peak,
                           "train.train_policy.kl_beta"))  # fmt: skip
