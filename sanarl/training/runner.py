@@ -3,9 +3,9 @@
 Per optimizer step: the task yields micro-batches; each loss is divided by their number before backward (so
 accumulation over micro-batches equals one big batch), gradients are clipped, the optimizer and LR schedule step,
 then the task hook and the EMA run. Every step appends one JSON object to `metrics.jsonl`. Checkpoints every
-`train.ckpt.save_freq` steps hold everything resume needs (with the reward-hacking guard on, a checkpoint at a
-validation step is written after that validation, so it holds the guard's history through it); data order and noise are pure functions of
-(seed, step, rank), so a resumed run continues exactly like an uninterrupted one.
+`train.ckpt.save_freq` steps hold everything resume needs, the state of the run's components included
+(sanarl/training/components.py: the reward-hacking guard); data order and noise are pure functions of (seed, step,
+rank), so a resumed run continues exactly like an uninterrupted one.
 
 Many processes (`accelerate launch`, docs/multi-gpu.md): DDP or FSDP2 through accelerate. Every rank runs the same
 loop; gradients are averaged by the wrapper; logged metrics are reduced over ranks (mean; min / max for `*min` /
@@ -39,11 +39,11 @@ from sanarl.rewards.summary import describe
 from sanarl.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
-    load_extra,
     resolve_resume,
     save_checkpoint,
     umask_modes,
 )
+from sanarl.training.components import build_components
 from sanarl.training.data import step_generator
 from sanarl.training.distributed import (
     full_parameters,
@@ -57,7 +57,6 @@ from sanarl.training.distributed import (
 )
 from sanarl.training.ema import EMA
 from sanarl.training.faults import pause_point
-from sanarl.training.guard import Guard, check_reward_keys, image_guard_stats
 from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.resume import ResumePlan
 from sanarl.training.sampling import GenerationSpec, generate_images
@@ -119,7 +118,7 @@ class Runner:
         self.total_steps = self._total_steps()
         self.start_step = 0
         self._held_out = None
-        self.guard = self._build_guard()
+        self.components = build_components(cfg, self, run_dir, self.held_out_rewards)
         if plan is None:
             try:
                 plan = ResumePlan(path=resolve_resume(cfg.train.resume, self.ckpt_root))
@@ -127,16 +126,11 @@ class Runner:
                 raise UserError(str(err)) from None
         self.resume_path = plan.path
 
-    def _build_guard(self):
-        """The reward-hacking alarm of `[validation.guard]` (sanarl/training/guard.py), or None; its held-out rewards are
-        built now so a guard key that no reward returns stops the run before training."""
-        cfg = self.cfg.validation
-        if not (cfg.enable and cfg.guard.enable):
-            return None
-        if cfg.held_out_rewards and self.acc.is_main_process:  # rank 0 scores the validations
-            self._held_out = build_rewards(cfg.held_out_rewards)
-            check_reward_keys(cfg.guard, self._held_out)
-        return Guard(cfg.guard, self.run_dir)
+    def held_out_rewards(self) -> dict:
+        """The rewards of `validation.held_out_rewards`, built on first use (rank 0 scores the validations)."""
+        if self._held_out is None:
+            self._held_out = build_rewards(self.cfg.validation.held_out_rewards)
+        return self._held_out
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """`train.compile`: torch.compile the trained forward (mode "default"; the DDP / FSDP wrapper inside).
@@ -149,7 +143,7 @@ class Runner:
         return planned_steps(run_settings(self.cfg), self.task.steps_per_epoch())
 
     # --- checkpoints --------------------------------------------------------------------------------------------
-    def _full_state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+    def full_state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
         """Model / EMA tensors and optimizer state, whole (FSDP: gathered; every rank takes part)."""
         with full_parameters(self.wrapped):
             tensors = {"model": dict(self.task.state_tensors())}
@@ -168,7 +162,7 @@ class Runner:
         if not ckpt.enable_checkpoint:
             return
         self._check_finite_weights(step, "checkpoint")
-        tensors, state = self._full_state()
+        tensors, state = self.full_state()
         error = ""
         if self.acc.is_main_process:
             meta = {
@@ -176,7 +170,8 @@ class Runner:
                 "world_size": self.acc.num_processes,
                 "distributed_type": self.acc.distributed_type.value,
             }
-            extras = {"guard": self.guard.checkpoint_state()} if self.guard is not None else None
+            extras = {c.name: c.checkpoint_state() for c in self.components}
+            extras = {name: state for name, state in extras.items() if state is not None} or None
             try:
                 save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep, extras)
                 self.plot_metrics()
@@ -236,18 +231,23 @@ class Runner:
                 "export (docs/multi-gpu.md, 'Resuming')."
             )
         self._check_shapes(path, tensors)
-        self.task.load_state_tensors(tensors["model"])  # FSDP: every rank keeps its shard
+        self.load_weights(tensors)
         self.task.after_resume()  # e.g. inference copies re-merged from the restored weights
         load_optimizer_state(self.acc, self.wrapped, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.start_step = int(meta["step"])
+        for component in self.components:
+            component.restore(path, self.start_step)
+        self.console.print(f"[bold]resumed[/] from {path} at step {self.start_step}")
+
+    def load_weights(self, tensors: dict[str, dict[str, torch.Tensor]]) -> None:
+        """A checkpoint's model tensors into the task and, with EMA, its shadow (FSDP: each rank keeps its shard)."""
+        self.task.load_state_tensors(tensors["model"])
         if self.ema is not None and "ema" in tensors:
             ema = tensors["ema"]
             self.ema.shadow = [
                 shard_like(ema[n], s) for n, s in zip(self.ema.names, self.ema.shadow, strict=True)
             ]
-        self.start_step = int(meta["step"])
-        self._restore_guard(path)
-        self.console.print(f"[bold]resumed[/] from {path} at step {self.start_step}")
 
     def _check_shapes(self, path: Path, tensors: dict[str, dict[str, torch.Tensor]]) -> None:
         """The checkpoint's model (and EMA) tensors are this model's: same names and shapes."""
@@ -271,22 +271,6 @@ class Runner:
                     "LoRA shape's. Point `train.resume` at a checkpoint of this model, or set "
                     "`train.resume = false` to start fresh."
                 )
-
-    def _restore_guard(self, path: Path) -> None:
-        """Rank 0's guard continues from the checkpoint's history (`guard.pt`) up to its step; what the run left
-        under guard/ past that step is removed (those validations come again)."""
-        if self.guard is None or not self.acc.is_main_process:
-            return
-        # read first: an unreadable guard.pt stops the resume before anything under guard/ changes
-        state = load_extra(path, "guard")
-        self.guard.forget_after(self.start_step)
-        if state is None:
-            self.console.print(
-                f"[yellow]checkpoint {path} holds no guard history (guard.pt)[/]: the reward-hacking guard starts "
-                "afresh"
-            )
-            return
-        self.guard.load_checkpoint_state(state, self.start_step)
 
     # --- one step -----------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -390,76 +374,29 @@ class Runner:
         path = save_media(images, prompts, self.run_dir / "samples" / f"step_{step:08d}", title=title)
         logger.log_media(step, "samples", path)
         logged = self._log_held_out_rewards(step, logger, images, prompts)
-        if self.guard is not None:
-            self.guard.observe(step, images, prompts, logged)
+        for component in self.components:
+            component.observe(step, images, prompts, logged)
         return path
 
     def _log_held_out_rewards(self, step: int, logger: MetricsLogger, images, prompts: list[str]) -> dict:
-        """Reward-hacking guard: score the validation samples with `validation.held_out_rewards` (rewards the run
-        does not train on) and log their means as `heldout/<reward>/<key>`; with `[validation.guard]` on, also the
-        samples' image statistics `heldout/image/<stat>`. Returns what was logged."""
-        names = self.cfg.validation.held_out_rewards
+        """Score the validation samples with `validation.held_out_rewards` (rewards the run does not train on) and
+        log their means as `heldout/<reward>/<key>`, with the components' own metrics of the samples (the guard's
+        image statistics `heldout/image/<stat>`). Returns what was logged."""
         logged: dict[str, float] = {}
-        if names:
-            if self._held_out is None:
-                self._held_out = build_rewards(names)
+        if self.cfg.validation.held_out_rewards:
             metadata = self.task.validation_metadata(len(prompts))
-            scores = score_images(images, prompts, metadata, self._held_out)
+            scores = score_images(images, prompts, metadata, self.held_out_rewards())
             logged = {f"heldout/{key}": describe(values)["mean"] for key, values in scores.items()}
-        if self.guard is not None:
-            logged.update(image_guard_stats(images))
+        for component in self.components:
+            logged.update(component.validation_metrics(images))
         if logged:
             logger.log(step, logged)
         return logged
 
-    # --- reward-hacking alarm (sanarl/training/guard.py) -----------------------------------------------------------
-    def _guard_after_validation(self, step: int, logger: MetricsLogger) -> bool:
-        """Rank 0's guard decision on the validation at `step`, shared with every rank: keep a checkpoint of this
-        step (a guard metric's new best; every rank gathers) and whether to stop (`action = "stop"` alarm)."""
-        if self.guard is None:
-            return False
-        keep, stop = self.guard.decide(step, logger) if self.acc.is_main_process else (False, False)
-        flags = torch.tensor([float(keep), float(stop)], device=self.acc.device)
-        if self.acc.num_processes > 1:
-            torch.distributed.broadcast(flags, src=0)
-        if flags[0] > 0:
-            tensors, _ = self._full_state()
-            if self.acc.is_main_process:
-                self.guard.keep_checkpoint(step, tensors)
-            self.acc.wait_for_everyone()
-        alarm = self.guard.alarm
-        if self.acc.is_main_process and alarm is not None and alarm.step == step:
-            self.console.print(f"[bold red]{alarm.message(self.cfg.validation.guard.trained_metric)}[/]")
-        return bool(flags[1] > 0)
-
-    def _roll_back_to_guard_best(self) -> Path | None:
-        """Load the guard's best checkpoint (model and EMA weights) on every rank for the export; returns it."""
-        found = self.guard.best_checkpoint() if self.acc.is_main_process else None
-        paths = [str(found) if found else ""]
-        if self.acc.num_processes > 1:
-            torch.distributed.broadcast_object_list(paths, src=0)
-        if not paths[0]:
-            return None
-        tensors, _, _ = load_checkpoint(Path(paths[0]))
-        self.task.load_state_tensors(tensors["model"])
-        if self.ema is not None and "ema" in tensors:
-            ema = tensors["ema"]
-            self.ema.shadow = [
-                shard_like(ema[n], s) for n, s in zip(self.ema.names, self.ema.shadow, strict=True)
-            ]
-        return Path(paths[0])
-
-    def _print_guard_stop(self, rolled_back: Path | None, export_dir: Path | None) -> None:
-        """The final message of a run the guard stopped."""
-        alarm, trained = self.guard.alarm, self.cfg.validation.guard.trained_metric
-        where = f"{export_dir}" if export_dir else "nowhere (train.ckpt.export_safetensors = false)"
-        what = (
-            f"the step-{alarm.best_step} weights (best by the guard)" if rolled_back else "the last weights"
-        )
-        self.console.print(
-            f"[bold yellow]stopped by the reward-hacking guard at step {alarm.step}[/]: {alarm.message(trained)}. "
-            f"Exported {what} to {where}; grids and alarm.json in {self.guard.root}."
-        )
+    def _after_validation(self, step: int, logger: MetricsLogger) -> bool:
+        """Every component's `after_validation` (all of them run); whether any asks the run to stop."""
+        stops = [component.after_validation(step, logger) for component in self.components]
+        return any(stops)
 
     def export(self) -> Path | None:
         """The final model (EMA weights when on) to `export/`: gathered on every rank, written by rank 0."""
@@ -508,9 +445,9 @@ class Runner:
         val = self.cfg.validation
         if val.enable and val.val_before_train and self.start_step == 0:
             self.validate(0, logger)
-            self._guard_after_validation(0, logger)
-        metrics, guard_stop = self._train_loop(logger)
-        export_dir = self._finish(logger, guard_stop)
+            self._after_validation(0, logger)
+        metrics, stopped = self._train_loop(logger)
+        export_dir = self._finish(logger, stopped)
         self.acc.wait_for_everyone()
         return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
 
@@ -533,9 +470,9 @@ class Runner:
 
     def _train_loop(self, logger: MetricsLogger) -> tuple[dict[str, float], bool]:
         """Steps start_step .. total_steps with their logging, checkpoints and validations; returns the last
-        step's metrics and whether the reward-hacking guard asked to stop."""
+        step's metrics and whether a component asked to stop."""
         cfg, val = self.cfg, self.cfg.validation
-        guard_stop = False
+        stopped = False
         metrics: dict[str, float] = {}
         columns = (
             TextColumn("[bold]train"),
@@ -557,8 +494,8 @@ class Runner:
                 signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
                 if signum:
                     self._stop_on_signal(done, signum)
-                if self.guard is not None:
-                    self.guard.record_step(done, metrics)
+                for component in self.components:
+                    component.on_step(done, metrics)
                 if self._out_of_time(started):
                     self.total_steps = done
                     self.console.print(
@@ -571,21 +508,21 @@ class Runner:
                     last_save = self._save_if_due(done, last_save)
                 if val.enable and done % val.freq == 0 and done < self.total_steps:
                     self.validate(done, logger)
-                    guard_stop = self._guard_after_validation(done, logger)
-                    if guard_stop:
+                    stopped = self._after_validation(done, logger)
+                    if stopped:
                         self.total_steps = done
                 if self._save_after_validation:
                     last_save = self._save_if_due(done, last_save)
                 if done >= self.total_steps:
                     break
-        return metrics, guard_stop
+        return metrics, stopped
 
     @property
     def _save_after_validation(self) -> bool:
-        """Whether a step's checkpoint waits for its validation: with the reward-hacking guard, so that it holds
-        the guard's history through that validation (a resumed run never repeats it); without, it comes first, so
-        a failing validation never costs the step's checkpoint."""
-        return self.guard is not None
+        """Whether a step's checkpoint waits for its validation: when a component's checkpointed state includes
+        it (a resumed run never repeats that validation); otherwise it comes first, so a failing validation never
+        costs the step's checkpoint."""
+        return any(component.saves_after_validation for component in self.components)
 
     def _save_if_due(self, done: int, last_save: float) -> float:
         """The checkpoint of step `done` when `save_freq` or `save_every_minutes` asks for one (not at the last
@@ -597,22 +534,22 @@ class Runner:
             return time.monotonic()
         return last_save
 
-    def _finish(self, logger: MetricsLogger, guard_stop: bool) -> Path | None:
-        """Final checkpoint and validation (in `_save_after_validation`'s order), the guard's rollback, the export
-        and the metrics plot."""
-        acc = self.acc
+    def _finish(self, logger: MetricsLogger, stopped: bool) -> Path | None:
+        """Final checkpoint and validation (in `_save_after_validation`'s order), the components' hooks around the
+        export, and the metrics plot."""
         if not self._save_after_validation:
             self.save(self.total_steps)
-        if self.cfg.validation.enable and not guard_stop:
+        if self.cfg.validation.enable and not stopped:
             self.validate(self.total_steps, logger)
-            guard_stop = self._guard_after_validation(self.total_steps, logger)
+            stopped = self._after_validation(self.total_steps, logger)
         if self._save_after_validation:
             self.save(self.total_steps)
-        rolled_back = self._roll_back_to_guard_best() if guard_stop else None
+        for component in self.components:
+            component.before_export(stopped)
         export_dir = self.export()
-        if guard_stop and acc.is_main_process:
-            self._print_guard_stop(rolled_back, export_dir)
-        if acc.is_main_process:
+        for component in self.components:
+            component.after_export(stopped, export_dir)
+        if self.acc.is_main_process:
             self.plot_metrics()
         return export_dir
 
