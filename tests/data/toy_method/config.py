@@ -1,0 +1,31 @@
+"""The toy method's config view and checks: SFT's sections, and a learning rate it refuses above 0.1."""
+
+from __future__ import annotations
+
+from sanarl.config.schema import Config
+from sanarl.errors import ConfigError
+from sanarl.methods.sft.config import SFTView
+from sanarl.methods.sft.config import view as sft_view
+from sanarl.methods.work import GuidedRows, TrainedWork
+
+LOSS_SCALE = 2.0
+"""The toy objective is SFT's flow-matching loss times this."""
+
+
+def view(cfg: Config) -> SFTView:
+    return sft_view(cfg)
+
+
+def validate(cfg: Config) -> None:
+    if cfg.train.optm_lr > 0.1:
+        raise ConfigError(
+            f"train.optm_lr = {cfg.train.optm_lr:g} is too high for the toy method; set it <= 0.1."
+        )
+
+
+def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
+    return 0, 0
+
+
+def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
+    return TrainedWork(levels=1, rows=1)
