@@ -170,8 +170,8 @@ class Runner:
                 "world_size": self.acc.num_processes,
                 "distributed_type": self.acc.distributed_type.value,
             }
-            extras = {c.name: c.checkpoint_state() for c in self.components}
-            extras = {name: state for name, state in extras.items() if state is not None} or None
+            kept = {c.name: c.checkpoint_state() for c in self.components}
+            extras = {name: value for name, value in kept.items() if value is not None} or None
             try:
                 save_checkpoint(self.ckpt_root, step, tensors, state, meta, ckpt.max_keep, extras)
                 self.plot_metrics()
