@@ -1,7 +1,8 @@
 """The generic cross-field checks of the trainer config: ranges and consistency that every method shares.
 
-Each raises `ConfigError` naming the key and the fix. The choices of Literal fields are checked from their types
-by the engine (`engine.Engine.check_choices`); the checks that concern one method are its `validate(cfg)` (sanarl/methods/<method>/config.py), run through `methods.validate_method`. The
+Each raises `ConfigError` naming the key and the fix. The choices of Literal fields and the ranges declared on the
+fields (`Annotated[int, AtLeast(1)]`, sanarl/config/ranges.py) are checked from their types by the engine
+(`engine.Engine.check_choices`, first); what is here depends on more than one key, or on a condition; the checks that concern one method are its `validate(cfg)` (sanarl/methods/<method>/config.py), run through `methods.validate_method`. The
 order in which `loader.check_config` runs them is the order in which errors are reported.
 """
 
@@ -30,12 +31,6 @@ def at_least(value: float, key: str, low: float, strict: bool = False) -> None:
     require(ok and not math.isnan(value), f"`{key}` = {value!r} is out of range; it must be {bound}.")
 
 
-def in_unit(value: float, key: str, low_open: bool, high_open: bool) -> None:
-    ok = (value > 0 if low_open else value >= 0) and (value < 1 if high_open else value <= 1)
-    interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
-    require(ok, f"`{key}` = {value!r} is out of range; it must lie in {interval}.")
-
-
 def check_rewards(cfg: Config) -> None:
     """`[train.train_policy.remote_reward]`: named entries, clip ranges, the video frame stride."""
     rr = cfg.train.train_policy.remote_reward
@@ -57,7 +52,6 @@ def check_rewards(cfg: Config) -> None:
                 f"{fn.clip_max}; fix or remove one of them.",
             )
     require(math.isfinite(rr.scale), f"`{base}.scale` = {rr.scale!r} must be a finite number (e.g. 1.0).")
-    at_least(rr.video_frame_stride, f"{base}.video_frame_stride", 1)
     if rr.reward_clip_min is not None and rr.reward_clip_max is not None:
         require(
             rr.reward_clip_min < rr.reward_clip_max,
@@ -67,13 +61,10 @@ def check_rewards(cfg: Config) -> None:
 
 
 def check_lora(cfg: Config) -> None:
-    """`[policy.lora]` when present: rank, scale, dropout, the adapter names."""
+    """`[policy.lora]` when present: the adapter names (its ranges are on its fields)."""
     lora = cfg.policy.lora
     if lora is None:
         return
-    at_least(lora.r, "policy.lora.r", 1)
-    at_least(lora.lora_alpha, "policy.lora.lora_alpha", 0, strict=True)
-    in_unit(lora.lora_dropout, "policy.lora.lora_dropout", low_open=False, high_open=True)
     names = lora.lora_names
     require(
         "default" in names and len(set(names)) == len(names),
@@ -85,15 +76,11 @@ def check_lora(cfg: Config) -> None:
 def check_diffusers(cfg: Config) -> None:
     """`[policy.diffusers]` and its `[sample]` table."""
     d = cfg.policy.diffusers
-    in_unit(d.timesteps_fraction, "policy.diffusers.timesteps_fraction", low_open=True, high_open=False)
     require(
         len(d.inference_size) == 2 and all(v > 0 for v in d.inference_size),
         f"`policy.diffusers.inference_size` = {d.inference_size!r} must be [height, width] with two positive "
         "integers, e.g. [1024, 1024].",
     )
-    in_unit(d.caption_dropout, "policy.diffusers.caption_dropout", low_open=False, high_open=False)
-    at_least(d.logit_std, "policy.diffusers.logit_std", 0, strict=True)
-    at_least(d.max_prompt_length, "policy.diffusers.max_prompt_length", 1)
     if d.weight_copy_decay_type == 3:
         require(
             d.custom_decay_step > 0 and d.custom_decay_value > 0,
@@ -105,19 +92,11 @@ def check_diffusers(cfg: Config) -> None:
     if d.is_video:
         at_least(d.train_frames, "policy.diffusers.train_frames", 1)
         at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)
-    s = d.sample
-    at_least(s.num_steps, "policy.diffusers.sample.num_steps", 1)
-    at_least(s.eval_num_steps, "policy.diffusers.sample.eval_num_steps", 1)
-    at_least(s.guidance_scale, "policy.diffusers.sample.guidance_scale", 0)
-    at_least(s.noise_level, "policy.diffusers.sample.noise_level", 0)
-    if s.flow_shift is not None:
-        at_least(s.flow_shift, "policy.diffusers.sample.flow_shift", 0, strict=True)
 
 
 def check_optimizer(cfg: Config) -> None:
     """The optimizer and EMA keys of `[train]`."""
     t = cfg.train
-    at_least(t.optm_lr, "train.optm_lr", 0, strict=True)
     require(
         t.optm_lr <= MAX_LR,
         f"`train.optm_lr` = {t.optm_lr!r} is out of range; it must lie in (0, {MAX_LR:g}] (a learning rate above "
@@ -127,12 +106,6 @@ def check_optimizer(cfg: Config) -> None:
         len(t.optm_betas) == 2 and all(0 <= b < 1 for b in t.optm_betas),
         f"`train.optm_betas` = {t.optm_betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999].",
     )
-    at_least(t.optm_weight_decay, "train.optm_weight_decay", 0)
-    at_least(t.optm_grad_norm_clip, "train.optm_grad_norm_clip", 0)
-    at_least(t.optm_warmup_steps, "train.optm_warmup_steps", 0)
-    at_least(t.epsilon, "train.epsilon", 0, strict=True)
-    in_unit(t.ema_decay, "train.ema_decay", low_open=False, high_open=True)
-    at_least(t.ema_update_step_interval, "train.ema_update_step_interval", 1)
 
 
 def check_run(cfg: Config) -> None:
@@ -147,24 +120,11 @@ def check_run(cfg: Config) -> None:
         0 <= t.seed <= MAX_SEED,
         f"`train.seed` = {t.seed} is out of range; it must lie in [0, {MAX_SEED}] (the generators' seed range).",
     )
-    at_least(t.epoch, "train.epoch", 1)
-    if t.max_num_steps is not None:
-        at_least(t.max_num_steps, "train.max_num_steps", 1)
-    if t.max_wall_minutes is not None:
-        at_least(t.max_wall_minutes, "train.max_wall_minutes", 0.0, strict=True)
     require(
         bool(t.output_dir.strip()), '`train.output_dir` is empty; set a run directory, e.g. "./outputs/run".'
     )
-    at_least(t.ckpt.save_freq, "train.ckpt.save_freq", 1)
-    at_least(t.ckpt.max_keep, "train.ckpt.max_keep", 0)
-    if t.ckpt.save_every_minutes is not None:
-        at_least(t.ckpt.save_every_minutes, "train.ckpt.save_every_minutes", 0.0, strict=True)
     v = cfg.validation
-    at_least(v.freq, "validation.freq", 1)
-    at_least(v.batch_size, "validation.batch_size", 1)
-    at_least(v.num_samples, "validation.num_samples", 1)
     v.guard.check(v)  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
-    at_least(cfg.logging.log_freq, "logging.log_freq", 1)
 
 
 def warnings(cfg: Config) -> list[str]:
@@ -185,8 +145,6 @@ def check_task(cfg: Config) -> None:
         f"one of {', '.join(repr(t) for t in trainers)}"
         + (' ("" = plain SFT).' if tp.type == "sft" else "."),
     )
-    at_least(tp.mini_batch, "train.train_policy.mini_batch", 1)
-    at_least(cfg.train.train_batch_per_replica, "train.train_batch_per_replica", 1)
     batch, mini = cfg.train.train_batch_per_replica, tp.mini_batch
     examples = " or ".join(str(m) for m in (batch // mini * mini, (batch // mini + 1) * mini) if m > 0)
     require(
@@ -195,7 +153,6 @@ def check_task(cfg: Config) -> None:
         f"set train.train_batch_per_replica to a multiple of {mini} (e.g. {examples}) or choose a mini_batch "
         f"that divides {batch}.",
     )
-    at_least(tp.kl_beta, "train.train_policy.kl_beta", 0)
     require(
         tp.advantage_low < tp.advantage_high,
         f"train.train_policy.advantage_low = {tp.advantage_low} must be below advantage_high = {tp.advantage_high};"

@@ -67,6 +67,21 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: resolved[f.name] for f in fields(cls) if f.init and not f.metadata.get("internal")}
 
 
+@functools.cache
+def field_rules(cls: type) -> dict[str, tuple[Any, ...]]:
+    """Field name -> the rules declared in its `Annotated[T, rule, ...]` type (objects with `check(value, key)`,
+    e.g. `ranges.Range`); fields without any are absent."""
+    resolved = typing.get_type_hints(cls, include_extras=True)
+    rules = {}
+    for name in field_types(cls):
+        tp = resolved[name]
+        if typing.get_origin(tp) is typing.Annotated:
+            found = tuple(m for m in tp.__metadata__ if callable(getattr(m, "check", None)))
+            if found:
+                rules[name] = found
+    return rules
+
+
 def is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
@@ -370,10 +385,15 @@ class Engine:
             self.check_choice(value, arms(tp)[0][0], key, where)
 
     def check_choices(self, obj: Any, path: str = "", where: str = "the config") -> None:
-        """Check every Literal field of the dataclass tree `obj` (a config built in code skips the build)."""
+        """Check every Literal field of the dataclass tree `obj` (a config built in code skips the build) and every
+        field's declared rules (`field_rules`: its range)."""
+        rules = field_rules(type(obj))
         for name, tp in field_types(type(obj)).items():
             dotted = f"{path}.{name}" if path else name
-            self.check_value(getattr(obj, name), tp, dotted, where)
+            value = getattr(obj, name)
+            self.check_value(value, tp, dotted, where)
+            for rule in rules.get(name, ()):
+                rule.check(value, dotted)
 
 
 def _shallow_match(value: Any, tp: Any) -> bool:

@@ -21,10 +21,11 @@ from sanarl.config import engine, schema
 
 HEADER = """# Configuration reference
 
-Every key of a sanarl preset, section by section: its type, its default and what it does. Generated from
-`sanarl/config/schema.py` by `python -m sanarl.config.reference > docs/configuration.md` (a test fails when this
-file is stale). Choice keys list their values; `--set` takes the same types. Cosmos-RL's own keys that sanarl
-accepts and reports as ignored or not applicable are in docs/cosmos-rl.md.
+Every key of a sanarl preset, section by section: its type, its default, its range and what it does. Generated
+from `sanarl/config/schema.py` by `python -m sanarl.config.reference > docs/configuration.md` (a test fails when
+this file is stale). Choice keys list their values; a range is checked when the config loads (ranges that depend
+on another key, or on the method, are checked there too and named in their messages); `--set` takes the same
+types. Cosmos-RL's own keys that sanarl accepts and reports as ignored or not applicable are in docs/cosmos-rl.md.
 """
 
 
@@ -36,6 +37,8 @@ class KeyDoc:
     type_name: str
     default: str
     doc: str
+    range: str = ""
+    """The range declared on the field (`>= 1`, `in (0, 1]`), "" when none."""
 
 
 @functools.cache
@@ -91,6 +94,7 @@ def keys(cls: type = schema.Config, prefix: str = "") -> Iterator[tuple[str, typ
     types = engine.field_types(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     docs = field_docs(cls)
+    rules = engine.field_rules(cls)
     leaves, sections = [], []
     for name, tp in types.items():
         sub = engine.section_class(tp)
@@ -98,7 +102,8 @@ def keys(cls: type = schema.Config, prefix: str = "") -> Iterator[tuple[str, typ
         if sub is not None:
             sections.append((dotted, sub))
         else:
-            leaves.append(KeyDoc(dotted, type_name(tp), default_text(by_name[name]), docs.get(name, "")))
+            limits = ", ".join(r.text() for r in rules.get(name, ()) if hasattr(r, "text"))
+            leaves.append(KeyDoc(dotted, type_name(tp), default_text(by_name[name]), docs.get(name, ""), limits))
     yield prefix.rstrip("."), cls, leaves
     for dotted, sub in sections:
         yield from keys(sub, f"{dotted}.")
@@ -125,12 +130,15 @@ def render() -> str:
             "",
             _cell(summary),
             "",
-            "| key | type | default | what it does |",
-            "|---|---|---|---|",
+            "| key | type | default | range | what it does |",
+            "|---|---|---|---|---|",
         ]
         for k in leaves:
             name = k.dotted.rsplit(".", 1)[-1]
-            out.append(f"| `{name}` | `{_cell(k.type_name)}` | `{_cell(k.default)}` | {_cell(k.doc)} |")
+            limits = f"`{_cell(k.range)}`" if k.range else ""
+            out.append(
+                f"| `{name}` | `{_cell(k.type_name)}` | `{_cell(k.default)}` | {limits} | {_cell(k.doc)} |"
+            )
         out.append("")
     return "\n".join(out)
 

@@ -10,7 +10,7 @@ Precedence: `--set` overrides > preset file > these defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from sanarl.config.choices import (
     AdvMode,
@@ -40,15 +40,16 @@ from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
     GuardConfig,
     GuardMetricConfig,
 )
+from sanarl.config.ranges import Above, AtLeast, Within
 
 
 @dataclass
 class LoraConfig:
     """`[policy.lora]`: present = LoRA on (only the adapters train; the base stays frozen)."""
 
-    r: int = 4
+    r: Annotated[int, AtLeast(1)] = 4
     """LoRA rank."""
-    lora_alpha: float = 4.0
+    lora_alpha: Annotated[float, Above(0)] = 4.0
     """LoRA scaling numerator (scale = lora_alpha / r)."""
     init_lora_weights: bool | str = "gaussian"
     """peft init: true (kaiming A, zero B), "gaussian", or false (random B; tests only)."""
@@ -57,7 +58,7 @@ class LoraConfig:
     attn1/attn2 to_q, to_k, to_v, to_out.0; SD3.5: the joint attention's projections)."""
     lora_names: list[str] = field(default_factory=lambda: ["default"])
     """Adapters to create. RL tasks use ["default", "old"]: "default" trains, "old" is the behaviour policy."""
-    lora_dropout: float = 0.0
+    lora_dropout: Annotated[float, Within(0, 1, high_open=True)] = 0.0
     """Dropout on the LoRA branch."""
 
 
@@ -65,19 +66,19 @@ class LoraConfig:
 class SampleConfig:
     """`[policy.diffusers.sample]`: how images are generated (rollout, validation, eval)."""
 
-    num_steps: int = 20
+    num_steps: Annotated[int, AtLeast(1)] = 20
     """Sampling steps for rollouts (RL) and training-time samples."""
-    eval_num_steps: int = 20
+    eval_num_steps: Annotated[int, AtLeast(1)] = 20
     """Sampling steps for validation and `sanarl eval`."""
-    guidance_scale: float = 1.0
+    guidance_scale: Annotated[float, AtLeast(0)] = 1.0
     """Classifier-free guidance weight w (v = v_u + w (v_c - v_u)); 1.0 = CFG off (one forward per step)."""
-    noise_level: float = 0.0
+    noise_level: Annotated[float, AtLeast(0)] = 0.0
     """eta of the SDE / CPS samplers (0 = deterministic ODE)."""
     solver: Solver = "euler"
     """euler | dpm2 (DPM-Solver++ 2M on x0) | flow_sde | cps."""
     deterministic_sampling: bool = True
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
-    flow_shift: float | None = None
+    flow_shift: Annotated[float | None, Above(0)] = None
     """Shift k of the sigma grid; None = the model's scheduler value."""
     integer_timesteps: bool = False
     """Sampling (rollouts, the Sol-RL preview, validation, eval) feeds the model the integer timestep
@@ -102,7 +103,7 @@ class DiffusersConfig:
     """Video model (SANA-Video) instead of image."""
     offload: bool = False
     """Keep the text encoder and VAE on CPU between uses."""
-    max_prompt_length: int = 300
+    max_prompt_length: Annotated[int, AtLeast(1)] = 300
     """Text-encoder token budget; the same in training, rollout and eval."""
     inference_size: list[int] = field(default_factory=lambda: [1024, 1024])
     """[H, W] of generated and training images."""
@@ -114,11 +115,11 @@ class DiffusersConfig:
     """Timestep density for SFT: logit_normal | mode | uniform | sigma_sqrt | cosmap."""
     logit_mean: float = 0.0
     """Mean of the logit-normal density."""
-    logit_std: float = 1.0
+    logit_std: Annotated[float, Above(0)] = 1.0
     """Std of the logit-normal density."""
     mode_scale: float = 1.29
     """m of the `mode` density."""
-    timesteps_fraction: float = 0.99
+    timesteps_fraction: Annotated[float, Within(0, 1, low_open=True)] = 0.99
     """Fraction of the rollout grid levels trained per sample (NFT). Cosmos-RL's `timestep_fraction` is an alias."""
     nft_beta: float = 1.0
     """DiffusionNFT beta (mixing of the trained and old velocities)."""
@@ -140,7 +141,7 @@ class DiffusersConfig:
     complex_human_instruction: bool = True
     """SANA: prepend the pipeline's complex human instruction to prompts, as SANA's own inference does
     (tiny word-level models set false)."""
-    caption_dropout: float = 0.0
+    caption_dropout: Annotated[float, Within(0, 1)] = 0.0
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
     # --- exactness (issue 16) ---
     vae_latents: VaeLatents = "sample"
@@ -251,7 +252,7 @@ class RemoteRewardConfig:
     """Clamp the weighted sum from below before `scale` (None = no clamp)."""
     reward_clip_max: float | None = None
     """Clamp the weighted sum from above before `scale` (None = no clamp)."""
-    video_frame_stride: int = 1
+    video_frame_stride: Annotated[int, AtLeast(1)] = 1
     """Video rewards: score every N-th frame with the image reward."""
     video_frame_reduction: VideoReduction = "mean"
     """Video rewards: how per-frame scores become one score per clip: mean | min | max | median."""
@@ -295,9 +296,9 @@ class TrainPolicyConfig:
     trainer_type: str = ""
     """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl; for sft "" (plain SFT) | soar (the method
     registry's table, sanarl/methods/registry.py)."""
-    mini_batch: int = 1
+    mini_batch: Annotated[int, AtLeast(1)] = 1
     """Micro-batch size per forward/backward pass."""
-    kl_beta: float = 0.0
+    kl_beta: Annotated[float, AtLeast(0)] = 0.0
     """Weight of the KL term to the base model (RL)."""
     advantage_low: float = -5.0
     """Advantage clip lower bound."""
@@ -341,11 +342,11 @@ class CkptConfig:
 
     enable_checkpoint: bool = True
     """Write training checkpoints (atomic `checkpoints/step_N/`); false = none, so no resume."""
-    save_freq: int = 100
+    save_freq: Annotated[int, AtLeast(1)] = 100
     """Save every N optimizer steps (and at the end)."""
-    max_keep: int = 3
+    max_keep: Annotated[int, AtLeast(0)] = 3
     """Keep the N newest checkpoints (0 = keep all)."""
-    save_every_minutes: float | None = None
+    save_every_minutes: Annotated[float | None, Above(0.0)] = None
     """Also save once this many wall minutes of the loop passed since the last save (curves over time)."""
     export_safetensors: bool = True
     """Export the final model (LoRA file or pipeline dir) at the end of the run."""
@@ -355,11 +356,11 @@ class CkptConfig:
 class TrainConfig:
     """`[train]`: optimisation and run control."""
 
-    epoch: int = 1
+    epoch: Annotated[int, AtLeast(1)] = 1
     """Passes over the training set (RL: over the prompt set); `max_num_steps` and `max_wall_minutes` stop earlier."""
     seed: int = 42
     """Seed of data order, initial noise and every random draw; (seed, step, rank) fix a step exactly."""
-    train_batch_per_replica: int = 1
+    train_batch_per_replica: Annotated[int, AtLeast(1)] = 1
     """Samples per optimizer step on each rank (= mini_batch x accumulation steps)."""
     output_dir: str = "./outputs/run"
     """Run directory (config.toml, metrics, samples, checkpoints, export); relative to the current directory."""
@@ -367,33 +368,33 @@ class TrainConfig:
     """false, true (newest checkpoint in output_dir) or a checkpoint path."""
     optm_name: Optimizer = "AdamW"
     """Optimizer: AdamW | Adam | SGD."""
-    optm_lr: float = 1e-4
+    optm_lr: Annotated[float, Above(0)] = 1e-4
     """Peak learning rate (after the linear warm-up; constant afterwards)."""
     optm_impl: str = "foreach"
     """torch optimizer implementation: foreach | fused | for-loop."""
-    optm_weight_decay: float = 0.01
+    optm_weight_decay: Annotated[float, AtLeast(0)] = 0.01
     """Decoupled weight decay of AdamW (L2 for Adam / SGD)."""
     optm_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """[beta1, beta2] of Adam / AdamW."""
-    optm_grad_norm_clip: float = 1.0
+    optm_grad_norm_clip: Annotated[float, AtLeast(0)] = 1.0
     """Max global grad norm (0 = no clipping)."""
-    optm_warmup_steps: int = 0
+    optm_warmup_steps: Annotated[int, AtLeast(0)] = 0
     """Linear learning-rate warm-up over this many optimizer steps (0 = none), then constant."""
-    epsilon: float = 1e-8
+    epsilon: Annotated[float, Above(0)] = 1e-8
     """AdamW epsilon."""
     ema_enable: bool = False
     """Keep an EMA of the trained weights (float32); validation, eval and the export use it."""
-    ema_decay: float = 0.9
+    ema_decay: Annotated[float, Within(0, 1, high_open=True)] = 0.9
     """EMA decay cap; the decay warms up as min(ema_decay, (1 + k) / (10 + k)) at update k."""
-    ema_update_step_interval: int = 1
+    ema_update_step_interval: Annotated[int, AtLeast(1)] = 1
     """Update the EMA every N optimizer steps."""
     param_dtype: Dtype = "float32"
     """Mixed precision of the trained model: float32 | bfloat16 | float16."""
     compile: bool = False
     """torch.compile the training forward (and Sol-RL's rollout copies)."""
-    max_num_steps: int | None = None
+    max_num_steps: Annotated[int | None, AtLeast(1)] = None
     """Stop after this many optimizer steps (None = run all epochs)."""
-    max_wall_minutes: float | None = None
+    max_wall_minutes: Annotated[float | None, Above(0.0)] = None
     """Stop after the optimizer step that crosses this wall-clock budget (minutes since start, resumes included
     from their restart; None = no limit); the run then checkpoints and exports as at a normal end."""
     train_policy: TrainPolicyConfig = field(default_factory=TrainPolicyConfig)
@@ -406,13 +407,13 @@ class ValidationConfig:
 
     enable: bool = False
     """Generate validation samples (and the held-out rewards) every `freq` steps."""
-    freq: int = 100
+    freq: Annotated[int, AtLeast(1)] = 100
     """Validate every N optimizer steps (and at the end)."""
     val_before_train: bool = False
     """Also validate once before the first step (the base model's samples)."""
-    batch_size: int = 8
+    batch_size: Annotated[int, AtLeast(1)] = 8
     """Prompts generated per forward batch during validation."""
-    num_samples: int = 16
+    num_samples: Annotated[int, AtLeast(1)] = 16
     """Images per validation round (saved as a grid)."""
     held_out_rewards: list[str] = field(default_factory=list)
     """Reward-hacking guard: rewards scored on the validation samples every `freq` steps and logged as
@@ -432,7 +433,7 @@ class LoggingConfig:
     """Tracker project (wandb project, tensorboard run folder's parent)."""
     experiment_name: str = ""
     """Tracker run name ("" = the output directory's name)."""
-    log_freq: int = 1
+    log_freq: Annotated[int, AtLeast(1)] = 1
     """The console's progress bar refreshes every N steps (metrics.jsonl, tensorboard and wandb get every step)."""
     multi_modal_log_interval: int = 10
     """RL: save a rollout grid (prompt and reward under each image) every N steps (0 = never)."""
