@@ -103,7 +103,9 @@ def keys(cls: type = schema.Config, prefix: str = "") -> Iterator[tuple[str, typ
             sections.append((dotted, sub))
         else:
             limits = ", ".join(r.text() for r in rules.get(name, ()) if hasattr(r, "text"))
-            leaves.append(KeyDoc(dotted, type_name(tp), default_text(by_name[name]), docs.get(name, ""), limits))
+            leaves.append(
+                KeyDoc(dotted, type_name(tp), default_text(by_name[name]), docs.get(name, ""), limits)
+            )
     yield prefix.rstrip("."), cls, leaves
     for dotted, sub in sections:
         yield from keys(sub, f"{dotted}.")

@@ -1,7 +1,7 @@
 """Parts of a run that the runner calls at fixed points of its loop (as TRL's callbacks, torchtitan's components).
 
 The runner owns the steps, the EMA, checkpoints, validation and the export; a component adds behaviour at these
-points, in the order `build_components` lists the components, each hook on every rank unless it says otherwise:
+points, in the order `run_components.build_components` lists them, each hook on every rank unless it says otherwise:
 
     on_step(step, metrics)             after each optimizer step's metrics are logged
     validation_metrics(images)         extra metrics of a validation's samples (rank 0), logged with them
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
     from rich.console import Console
 
-    from sanarl.config.schema import Config
     from sanarl.training.tracking import MetricsLogger
 
 
@@ -71,12 +70,3 @@ class RunComponent:
 
     def after_export(self, stopped: bool, export_dir: Path | None) -> None:
         return None
-
-
-def build_components(cfg: Config, run: RunHandle, run_dir: Path, held_out_rewards) -> list[RunComponent]:
-    """The run's components in calling order (today: the reward-hacking guard of `[validation.guard]`, when on).
-    `held_out_rewards()` builds (once) the rewards of `validation.held_out_rewards`."""
-    from sanarl.training.guard_run import GuardComponent
-
-    built = [GuardComponent.build(cfg, run, run_dir, held_out_rewards)]
-    return [component for component in built if component is not None]

@@ -43,7 +43,6 @@ from sanarl.training.checkpoint import (
     save_checkpoint,
     umask_modes,
 )
-from sanarl.training.components import build_components
 from sanarl.training.data import step_generator
 from sanarl.training.distributed import (
     full_parameters,
@@ -59,6 +58,7 @@ from sanarl.training.ema import EMA
 from sanarl.training.faults import pause_point
 from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.resume import ResumePlan
+from sanarl.training.run_components import build_components
 from sanarl.training.sampling import GenerationSpec, generate_images
 from sanarl.training.setup import build_optimizer, warmup_schedule
 from sanarl.training.stopping import StopRequests

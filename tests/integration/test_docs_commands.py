@@ -74,8 +74,8 @@ NOT_RUN: list[tuple[str, str]] = [
         "measured training runs of minutes each (tests/unit/test_capacity.py measures a traced call the same way)",
     ),
     (
-        r"^sanarl bench shapes --(output|methods soar,sft-more) ",
-        "the measured 30-minute benches of docs/results.md (two hours of CPU); the same code runs shortened in "
+        r"^sanarl bench shapes --(output|methods soar,sft-more|methods ddrl,grpo,nft,sft-more) ",
+        "the measured benches of docs/results.md (one to two hours of CPU each); the same code runs shortened in "
         "tests/integration/test_bench_shapes.py",
     ),
     (r"--checkpoint outputs/bench-default/", "reads the 30-minute bench runs of the command above it"),
