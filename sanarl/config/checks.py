@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from sanarl.config.methods import trainer_types
+from sanarl.config.ranges import Range
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 
@@ -26,9 +27,8 @@ def require(ok: bool, message: str) -> None:
 
 
 def at_least(value: float, key: str, low: float, strict: bool = False) -> None:
-    ok = value > low if strict else value >= low
-    bound = f"> {low}" if strict else f">= {low}"
-    require(ok and not math.isnan(value), f"`{key}` = {value!r} is out of range; it must be {bound}.")
+    """The range check of a key whose bound depends on a condition or a method (declared ones: ranges.py)."""
+    Range(low=low, low_open=strict).check(value, key)
 
 
 def check_rewards(cfg: Config) -> None:

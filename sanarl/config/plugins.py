@@ -25,7 +25,7 @@ import traceback
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from sanarl.config import cosmos_rl
 from sanarl.errors import PluginError
@@ -234,7 +234,6 @@ def _raised_error(label: str, err: BaseException) -> PluginError:
     )
 
 
-@runtime_checkable
 class DatasetPlugin(Protocol):
     """What sanarl calls on a dataset plugin (docs/plugins.md): `get_dataset` always; `get_val_dataset` and
     `collate` when the module defines them (`getattr(plugin, name, None)`)."""

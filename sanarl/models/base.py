@@ -140,6 +140,7 @@ class DiffusionAdapter(ABC):
 
     def __init__(self) -> None:
         self.forward_module: nn.Module | None = None
+        self._empty_prompt: Cond | None = None
 
     def _bind(self, pipeline: Any, policy: PolicyConfig, device: torch.device) -> None:
         """The set-up every family shares: the pipeline with its transformer and VAE, the device, the prompt token
@@ -267,7 +268,7 @@ class DiffusionAdapter(ABC):
         w != 1), else None; encoded once per adapter (the text encoders are frozen)."""
         if guidance_scale == 1.0 or not self.cfg_batch:
             return None
-        if getattr(self, "_empty_prompt", None) is None:
+        if self._empty_prompt is None:
             self._empty_prompt = self.encode_prompts([""])
         return self._empty_prompt
 
