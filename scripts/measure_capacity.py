@@ -6,8 +6,12 @@
 
 `--transformer`: the preset's real transformer with random weights (bfloat16 base, float32 LoRA, as a run holds
 it), one training micro-step under bf16 autocast (NFT: the old-policy forward, the trained forward, the reference
-forward with kl_beta, then backward), measured the same way: the resident size the weights add, and the peak of the
-micro-step over the weights (gradients allocated first), against the estimate's weight and activation terms.
+forward with kl_beta, then backward), measured the same way: the resident size the weights add, and the peak of a
+second, identical micro-step over the weights (gradients allocated first; the first one starts the kernels),
+against the estimate's weight and activation terms.
+
+The estimate is the plan for CPU kernels (`estimate(..., kernels="cpu")`: oneDNN's transient copy of each bfloat16
+convolution weight counts).
 
 Method: the run goes in a fresh process with glibc's dynamic mmap threshold pinned (MALLOC_MMAP_THRESHOLD_=65536,
 so every tensor of 64 KiB or more is its own mapping, returned to the system when freed) and one OpenMP thread.
@@ -61,7 +65,8 @@ from sanarl.config import load_config
 from sanarl.config.presets import resolve_preset_path
 from sanarl.core.lora import add_lora_adapters
 from sanarl.models.meta import architecture, default_lora_targets, example_inputs, _find_class
-from sanarl.tools.capacity.memory import lora_names, method_name
+from sanarl.evaluation.weights import lora_names
+from sanarl.methods.registry import method_of
 
 
 def status(key):
@@ -86,19 +91,26 @@ meta = example_inputs(module, arch, cfg.train.train_policy.mini_batch, tuple(cfg
                       cfg.policy.diffusers.train_frames, cfg.policy.diffusers.max_prompt_length)
 inputs = {k: (torch.ones if "mask" in k else torch.randn)(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
           for k, v in meta.items()}
-nft = method_name(cfg) == "diffusion_nft"
+nft = method_of(cfg).name == "diffusion_nft"
+
+
+def micro_step():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if nft:
+            with torch.no_grad():
+                old = module(**inputs)[0]  # the old policy's prediction, held through the step
+        out = module(**inputs)[0]
+        if nft and cfg.train.train_policy.kl_beta > 0:
+            with torch.no_grad():
+                ref = module(**inputs)[0]  # held with the graph, as the loss holds it
+        out.float().square().mean().backward()
+
+
+micro_step()  # the first call starts every kernel (oneDNN primitives, thread pool): not the step's memory
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 base = status("VmRSS")
-with torch.autocast("cpu", dtype=torch.bfloat16):
-    if nft:
-        with torch.no_grad():
-            old = module(**inputs)[0]
-    out = module(**inputs)[0]
-    if nft and cfg.train.train_policy.kl_beta > 0:
-        with torch.no_grad():
-            ref = module(**inputs)[0]
-    out.float().square().mean().backward()
+micro_step()
 print("MEASURED " + json.dumps({"weights": weights, "step": status("VmHWM") - base}))
 """
 
@@ -111,6 +123,12 @@ def measure_transformer(args: list[str]) -> dict:
 
     config = args[args.index("--config") + 1]
     overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    cfg = load_config(resolve_preset_path(config), overrides).config
+    if cfg.policy.lora is None or cfg.train.param_dtype != "bfloat16":
+        print(f"--transformer measures a LoRA preset trained under bfloat16 autocast (the real-size presets); "
+              f"{config} has policy.lora = {cfg.policy.lora} and train.param_dtype = {cfg.train.param_dtype!r}. "
+              "Measure it as a whole run instead (without --transformer).", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     env = {
         **os.environ,
         "MALLOC_MMAP_THRESHOLD_": "65536",
@@ -123,9 +141,7 @@ def measure_transformer(args: list[str]) -> dict:
     if not lines:
         raise RuntimeError(f"the measured step failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     measured = json.loads(lines[-1][9:])
-    est = estimate(
-        load_config(resolve_preset_path(config), overrides).config, 1, False, both_checkpointing=False
-    )
+    est = estimate(cfg, 1, False, both_checkpointing=False, kernels="cpu")
     training = next(p for p in est.phases if p.name == "training").terms
     weights = sum(t.nbytes for t in training if t.label.startswith(("transformer weights", "LoRA adapters")))
     step = sum(t.nbytes for t in training if t.label.startswith(("activations", "reference forward")))
@@ -156,7 +172,11 @@ def measure(args: list[str], steps: int) -> dict:
     config = args[args.index("--config") + 1]
     overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     est = estimate(
-        load_config(resolve_preset_path(config), overrides).config, 1, False, both_checkpointing=False
+        load_config(resolve_preset_path(config), overrides).config,
+        1,
+        False,
+        both_checkpointing=False,
+        kernels="cpu",
     )
     peak = est.peak.total
     return {"measured": measured, "estimated": peak, "error": peak / measured - 1, "phase": est.peak.name}

@@ -34,7 +34,8 @@ How the figures are made: parameters from the transformer built on the meta devi
 dicts for the hub models, sanarl/data/models/architectures/; counts of text encoders, VAEs and reward models in
 sanarl/data/models/pipelines/components.json, each with its source), with the run's LoRA adapters injected by the run's own code; activations
 from the forward (and backward) of that module traced on meta tensors, the allocator's books kept by a dispatch
-mode (sanarl/tools/capacity/simulate.py; attention as a fused kernel holds it); FLOPs from torch's FLOP counter in
+mode (sanarl/tools/capacity/simulate.py; attention as a fused kernel holds it; GPU kernels, so the CPU's
+convolution workspace that `sanarl validate` counts on a machine without a GPU is left out); FLOPs from torch's FLOP counter in
 the same trace. A training run whose estimate exceeds the machine's memory stops before loading (exit 2, naming the
 largest term and its key). Time per iteration assumes {MFU:.0%} of the {GPU.name}'s dense bf16 peak
 ({GPU.bf16_tflops:g} TFLOP/s; a quantized preview at its precision's peak where the GPU has one) and counts the

@@ -70,8 +70,9 @@ NOT_RUN: list[tuple[str, str]] = [
         "regenerates docs/capacity.md (tests/unit/test_capacity_table.py regenerates its rows and compares)",
     ),
     (
-        r"^python scripts/measure_capacity\.py",
-        "measured training runs of minutes each (tests/unit/test_capacity.py measures a traced call the same way)",
+        r"^python scripts/(measure_capacity|random_pipeline)\.py",
+        "real-size runs of tens of minutes on 9 GB of random weights; tests/integration/test_measure_capacity.py "
+        "runs the same script on the tiny preset",
     ),
     (
         r"^sanarl bench shapes --(output|methods soar,sft-more|methods ddrl,grpo,nft,sft-more) ",

@@ -85,6 +85,57 @@ def test_meta_trace_peak_matches_measured_cpu_peak(checkpointing):
     assert simulated == pytest.approx(measured, rel=0.03), (simulated, measured)
 
 
+CONV = r"""
+import json, torch
+torch.set_default_dtype(torch.bfloat16)
+conv = torch.nn.Conv2d(2240, 11200, 1).requires_grad_(False)  # SANA 1.6B's widest convolution
+def step():
+    x = torch.randn(1, 2240, 8, 8, requires_grad=True)
+    conv(x).float().square().mean().backward()
+step()  # warm-up: kernels and allocator arenas
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status("VmRSS")
+step()
+print(json.dumps(status("VmHWM") - base))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc (peak-RSS reset)")
+def test_cpu_kernels_count_the_reordered_bfloat16_convolution_weight():
+    """A bfloat16 1x1 convolution with a 48 MiB weight on a small input: its measured CPU peak is about the weight
+    (oneDNN's reordered copy) on top of the activations. The CPU trace matches it within 5%; the GPU trace, which
+    has no such workspace, is far below it."""
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "MALLOC_TRIM_THRESHOLD_": "0",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run([sys.executable, "-c", CONV], env=env, capture_output=True, text=True, check=True)
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    with torch.device("meta"):
+        conv = nn.Conv2d(2240, 11200, 1, dtype=torch.bfloat16).requires_grad_(False)
+        x = torch.empty(1, 2240, 8, 8, dtype=torch.bfloat16, requires_grad=True)
+    weight = conv.weight.numel() * 2
+
+    class Call(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return self.conv(x)
+
+    cpu = trace(Call(), {"x": x}, grad=True, kernels="cpu").peak
+    gpu = trace(Call(), {"x": x}, grad=True, kernels="cuda").peak
+    assert cpu == pytest.approx(measured, rel=0.05), (cpu, measured)
+    assert cpu - gpu > 0.7 * weight  # the copy lands where the GPU trace's peak is not
+    assert gpu < 0.5 * measured
+
+
 def test_flop_count_matches_a_hand_count():
     """FLOPs of a stack of MLP layers and attention: 2 x rows x in x out per linear layer, 2 B H L S (E + Ev) per
     attention (the fused-kernel stand-in), derived here from the shapes."""
@@ -125,10 +176,13 @@ def test_flop_count_matches_a_hand_count():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("grad", "checkpointing"), [(True, True), (True, False), (False, False)])
-def test_depth_extrapolation_equals_the_full_trace_of_sana_1_6b(grad, checkpointing):
+@pytest.mark.parametrize(
+    ("grad", "checkpointing", "kernels"),
+    [(True, True, "cuda"), (True, False, "cuda"), (False, False, "cuda"), (True, True, "cpu")],
+)
+def test_depth_extrapolation_equals_the_full_trace_of_sana_1_6b(grad, checkpointing, kernels):
     """`traced` (three shallow traces extrapolated in depth) gives the full 20-block SANA 1.5 1.6B trace's peak and
-    FLOPs within 1%."""
+    FLOPs within 1%, with the CPU's convolution workspace counted too."""
     from sanarl.config import load_config
     from sanarl.config.presets import resolve_preset_path
     from sanarl.models.meta import architecture
@@ -137,7 +191,7 @@ def test_depth_extrapolation_equals_the_full_trace_of_sana_1_6b(grad, checkpoint
     overrides = ["policy.diffusers.inference_size=[512,512]"]
     cfg = load_config(resolve_preset_path("sana-image-nft-sol_rl"), overrides).config
     arch = architecture(cfg.policy.model_name_or_path)
-    shallow = traced(cfg, 2, grad=grad, checkpointing=checkpointing)
-    full = _trace_once(cfg, arch, 2, grad, checkpointing, True)
+    shallow = traced(cfg, 2, grad=grad, checkpointing=checkpointing, kernels=kernels)
+    full = _trace_once(cfg, arch, 2, grad, checkpointing, True, kernels)
     assert shallow.peak == pytest.approx(full.peak, rel=0.01)
     assert shallow.forward_flops == pytest.approx(full.forward_flops, rel=0.01)

@@ -14,12 +14,13 @@ def plan_lines(cfg: Config, world: int, fsdp: bool, gpu: str | None, gpu_memory:
     """`sanarl validate`'s memory plan: the breakdown, compute and time, and the verdict for the accelerator
     (`gpu` by name, or `gpu_memory` GB; else this machine). Raises UserError for an unknown accelerator name."""
     from sanarl.tools.capacity.accelerators import accelerator
-    from sanarl.tools.capacity.fit import machine_memory
+    from sanarl.tools.capacity.fit import machine_kernels, machine_memory
     from sanarl.tools.capacity.memory import estimate
     from sanarl.tools.capacity.report import summary, verdict
 
     named = accelerator(gpu) if gpu is not None else None
-    est = estimate(cfg, world, fsdp)
+    for_this_machine = named is None and gpu_memory is None
+    est = estimate(cfg, world, fsdp, kernels=machine_kernels() if for_this_machine else "cuda")
     lines = summary(cfg, est, named)
     if gpu_memory is not None:
         capacity, where = gpu_memory * 1e9, f"a {gpu_memory:g} GB accelerator"

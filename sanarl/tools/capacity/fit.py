@@ -11,6 +11,14 @@ from sanarl.errors import UserError
 from sanarl.models.meta import UnknownArchitecture
 from sanarl.tools.capacity.memory import estimate
 from sanarl.tools.capacity.report import gib, options
+from sanarl.tools.capacity.simulate import Kernels
+
+
+def machine_kernels() -> Kernels:
+    """The kernels a run started here uses: the GPU's when one is visible, else the CPU's."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def machine_memory(local_ranks: int) -> tuple[float, str]:
@@ -51,7 +59,7 @@ def check_fits_machine(cfg: Config) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     try:
-        est = estimate(cfg, world, fsdp_requested(), both_checkpointing=False)
+        est = estimate(cfg, world, fsdp_requested(), both_checkpointing=False, kernels=machine_kernels())
     except UnknownArchitecture:
         return  # an architecture the plan does not know: the loader reports what is missing
     except UserError:

@@ -15,7 +15,10 @@ module at the run's micro-batch (simulate.py). What the run keeps (sanarl/traini
   of the layers `training.quantize.eligible_linears` selects); Flow-GRPO's frozen reference copy (full fine-tune
   with kl_beta > 0);
 - a rollout's final latents of every draft of the rank's prompts (float32 on the device), and the kept ones through
-  training.
+  training;
+- NFT's reference forward (kl_beta) between the trained forward and its backward: over the graph the forward holds,
+  counted where that exceeds the backward's peak.
+The kernels are a GPU's, or with `kernels="cpu"` the CPU's (oneDNN's convolution workspace, simulate.py).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from sanarl.models.meta import (
     meta_transformer,
     parameter_count,
 )
-from sanarl.tools.capacity.simulate import Trace, trace
+from sanarl.tools.capacity.simulate import Kernels, Trace, trace
 
 BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 QUANT_BYTES = {"nvfp4": 0.5 + 1 / 16, "fp8": 1.0, "e2m1_delayed": 1.0, "int8": 1.0, "auto": 1.0}
@@ -79,6 +82,8 @@ class Estimate:
     """Traced calls: rollout, train (the configured checkpointing), train_other (the other setting), validation."""
     batches: dict[str, int] = field(default_factory=dict)
     """Rows of each traced call."""
+    kernels: Kernels = "cuda"
+    """Whose kernels' workspace counts: a GPU's (the plan for an accelerator) or the CPU's (simulate.py)."""
 
     @property
     def peak(self) -> Phase:
@@ -131,25 +136,34 @@ _TRACES: dict[tuple, Trace] = {}
 
 
 def traced(
-    cfg: Config, batch: int, *, grad: bool, checkpointing: bool = False, training: bool = True
+    cfg: Config,
+    batch: int,
+    *,
+    grad: bool,
+    checkpointing: bool = False,
+    training: bool = True,
+    kernels: Kernels = "cuda",
 ) -> Trace:
     """The traced call of the run's transformer on `batch` rows, from shallow traces extrapolated in depth
     (`meta.depth_variants`; cached by everything that shapes it)."""
     p, lora = cfg.policy, cfg.policy.lora
     key = (p.model_name_or_path, tuple(p.diffusers.inference_size), _text_len(cfg), _frames(cfg, training),
            None if lora is None else (lora.r, tuple(lora.target_modules), tuple(lora_names(cfg))),
-           compute_dtype(cfg), batch, grad, checkpointing)  # fmt: skip
+           compute_dtype(cfg), batch, grad, checkpointing, kernels)  # fmt: skip
     if key not in _TRACES:
         arch = architecture(p.model_name_or_path)
         base, variants = depth_variants(arch)
         if sum(count for count, _, _ in variants) < 8:  # a shallow model: one trace of it whole is cheaper
             base, variants = arch, []
-        first = _trace_once(cfg, base, batch, grad, checkpointing, training)
-        total, extra = list(astuple(first)), [0, 0, 0]
+        first = _trace_once(cfg, base, batch, grad, checkpointing, training, kernels)
+        total, extra = list(astuple(first)), [0] * len(astuple(first))
         for count, one, two in variants:
             if count < 1:
                 continue
-            t1, t2 = (astuple(_trace_once(cfg, v, batch, grad, checkpointing, training)) for v in (one, two))
+            t1, t2 = (
+                astuple(_trace_once(cfg, v, batch, grad, checkpointing, training, kernels))
+                for v in (one, two)
+            )
             for i, (a, b, c) in enumerate(zip(astuple(first), t1, t2, strict=True)):
                 slope = max(0, c - b)  # each block of the kind adds this; the first may add more once (a peak
                 total[i] += (
@@ -160,13 +174,21 @@ def traced(
     return _TRACES[key]
 
 
-def _trace_once(cfg: Config, arch: Architecture, batch: int, grad: bool, checkpointing: bool, training: bool):
+def _trace_once(
+    cfg: Config,
+    arch: Architecture,
+    batch: int,
+    grad: bool,
+    checkpointing: bool,
+    training: bool,
+    kernels: Kernels = "cuda",
+) -> Trace:
     module = build_module(cfg, arch, compute_dtype(cfg), checkpointing and grad)
     if not grad:
         module.requires_grad_(False)
     size = tuple(cfg.policy.diffusers.inference_size)
     inputs = example_inputs(module, arch, batch, size, _frames(cfg, training), _text_len(cfg))
-    return trace(module, inputs, grad=grad)
+    return trace(module, inputs, grad=grad, kernels=kernels)
 
 
 def guided_rows(cfg: Config, arch: Architecture, batch: int, guidance: float) -> int:
@@ -276,13 +298,16 @@ def rollout_counts(cfg: Config, world: int) -> tuple[int, int, int]:
     return per_rank_batch(run_settings(cfg), world) // k, m, k
 
 
-def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = True) -> Estimate:
-    """The per-rank memory of every phase of the run `cfg` on `world` ranks (FSDP or DDP); `both_checkpointing`
-    also traces the training call with gradient checkpointing the other way (for the printed comparison)."""
+def estimate(
+    cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = True, kernels: Kernels = "cuda"
+) -> Estimate:
+    """The per-rank memory of every phase of the run `cfg` on `world` ranks (FSDP or DDP) whose calls run on
+    `kernels` (a GPU's, or the CPU's); `both_checkpointing` also traces the training call with gradient
+    checkpointing the other way (for the printed comparison)."""
     arch = architecture(cfg.policy.model_name_or_path)
     params = _count_params(cfg, arch)
     resident = resident_terms(cfg, arch, params, world, fsdp)
-    est = Estimate(arch, world, fsdp, [], params)
+    est = Estimate(arch, world, fsdp, [], params, kernels=kernels)
     shard = world if fsdp else 1
     module = meta_transformer(arch, torch.float32)
     size = tuple(cfg.policy.diffusers.inference_size)
@@ -293,7 +318,8 @@ def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = 
         prompts, m, k = rollout_counts(cfg, world)
         sample = cfg.policy.diffusers.sample
         rows = guided_rows(cfg, arch, cfg.rollout.batch_size, sample.guidance_scale)
-        est.traces["rollout"], est.batches["rollout"] = traced(cfg, rows, grad=False, training=False), rows
+        est.traces["rollout"] = traced(cfg, rows, grad=False, training=False, kernels=kernels)
+        est.batches["rollout"] = rows
         drafts = Term(f"rollout latents ({prompts} prompts x {m} drafts, float32)", prompts * m * latent * 4,
                       "rollout.num_candidates")  # fmt: skip
         act = Term(
@@ -312,10 +338,8 @@ def estimate(cfg: Config, world: int, fsdp: bool, *, both_checkpointing: bool = 
         est.phases.append(Phase("optimizer step", [*resident, *kept_latents, training[0], step]))
     if cfg.validation.enable:
         rows = guided_rows(cfg, arch, cfg.validation.batch_size, cfg.policy.diffusers.sample.guidance_scale)
-        est.traces["validation"], est.batches["validation"] = (
-            traced(cfg, rows, grad=False, training=False),
-            rows,
-        )
+        est.traces["validation"] = traced(cfg, rows, grad=False, training=False, kernels=kernels)
+        est.batches["validation"] = rows
         terms = [Term(f"activations, no-grad forward of {rows} rows", est.traces["validation"].peak,
                       "validation.batch_size")]  # fmt: skip
         if cfg.train.ema_enable:
@@ -333,9 +357,9 @@ def _training_terms(
     ckpt = cfg.policy.model_gradient_checkpointing
     rows = training_rows(cfg, arch)
     est.batches["train"] = rows
-    est.traces["train"] = traced(cfg, rows, grad=True, checkpointing=ckpt)
+    est.traces["train"] = traced(cfg, rows, grad=True, checkpointing=ckpt, kernels=est.kernels)
     if both:
-        est.traces["train_other"] = traced(cfg, rows, grad=True, checkpointing=not ckpt)
+        est.traces["train_other"] = traced(cfg, rows, grad=True, checkpointing=not ckpt, kernels=est.kernels)
     terms = [Term("gradients (float32)", params["trainable"] * 4 / shard, "policy.lora"),
              Term(f"activations, forward + backward of {rows} rows, checkpointing {'on' if ckpt else 'off'}",
                   est.traces["train"].peak, "train.train_policy.mini_batch")]  # fmt: skip
@@ -343,9 +367,11 @@ def _training_terms(
         terms.append(Term(f"autocast {dtype_name(compute_dtype(cfg))} weight copies", params["transformer"]
                           * BYTES[compute_dtype(cfg)] / shard, "train.param_dtype"))  # fmt: skip
     if cfg.train.train_policy.kl_beta > 0 and method_of(cfg).group_rollouts:
-        ref = traced(cfg, rows, grad=False)
-        terms.append(Term(f"reference forward of {rows} rows (kl_beta) while the graph is held", ref.peak,
-                          "train.train_policy.kl_beta"))  # fmt: skip
+        # the reference's no-grad forward runs between the trained forward and its backward: over the held graph
+        ref = traced(cfg, rows, grad=False, kernels=est.kernels)
+        train = est.traces["train"]
+        terms.append(Term(f"reference forward of {rows} rows (kl_beta) over the held graph, beyond the backward",
+                          max(0, train.held + ref.peak - train.peak), "train.train_policy.kl_beta"))  # fmt: skip
     return terms
 
 

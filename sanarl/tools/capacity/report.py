@@ -48,6 +48,10 @@ def summary(cfg: Config, est: Estimate, gpu: Accelerator | None) -> list[str]:
     on, off = (est.traces["train"], est.traces.get("train_other", est.traces["train"]))[:: 1 if ckpt else -1]
     lines.append(f"  activations of one micro-batch ({est.batches['train']} rows): {gib(off.peak)} GiB without "
                  f"gradient checkpointing, {gib(on.peak)} GiB with")  # fmt: skip
+    if est.kernels == "cpu":
+        lines.append(
+            "  CPU kernels: activations include oneDNN's transient copy of each bfloat16 convolution weight"
+        )
     flops = iteration_flops(cfg, est)
     lines.append(f"compute per iteration and rank: rollout {flops.rollout / 1e15:.2f} PFLOP, quantized preview "
                  f"{flops.preview / 1e15:.2f}, training {flops.training / 1e15:.2f}, rewards {flops.rewards / 1e15:.2f}"
@@ -74,43 +78,34 @@ def options(cfg: Config, est: Estimate) -> list[tuple[str, Callable[[], Estimate
     """(what to change, its re-estimate) for the changes that lower the peak."""
     from sanarl.training.protocol import per_rank_batch, run_settings
 
+    def rerun(new: Config, fsdp: bool = est.fsdp) -> Callable[..., Estimate]:
+        return lambda both=True: estimate(new, est.world, fsdp, both_checkpointing=both, kernels=est.kernels)
+
     found = []
     if not cfg.policy.model_gradient_checkpointing:
         new = _set(cfg, "policy.model_gradient_checkpointing", True)
-        found.append(
-            (
-                "`--set policy.model_gradient_checkpointing=true`",
-                lambda new=new, both=True: estimate(new, est.world, est.fsdp, both_checkpointing=both),
-            )
-        )
+        found.append(("`--set policy.model_gradient_checkpointing=true`", rerun(new)))
     if not est.fsdp and est.world > 1:
         found.append(("launch with FSDP (`accelerate launch --config_file sanarl/data/accelerate/fsdp_8gpu.yaml`)",
-                      lambda both=True: estimate(cfg, est.world, True, both_checkpointing=both)))  # fmt: skip
+                      rerun(cfg, fsdp=True)))  # fmt: skip
     mb = cfg.train.train_policy.mini_batch
     per_rank = per_rank_batch(run_settings(cfg), est.world)
     smaller = [d for d in range(mb - 1, 0, -1) if per_rank % d == 0]
     if smaller:
         new_mb = smaller[len(smaller) // 2] if len(smaller) > 2 else smaller[-1]
         new = _set(cfg, "train.train_policy.mini_batch", new_mb)
-        found.append(
-            (
-                f"`--set train.train_policy.mini_batch={new_mb}`",
-                lambda new=new, both=True: estimate(new, est.world, est.fsdp, both_checkpointing=both),
-            )
-        )
+        found.append((f"`--set train.train_policy.mini_batch={new_mb}`", rerun(new)))
     if cfg.policy.diffusers.dtype == "float32":
         new = _set(cfg, "policy.diffusers.dtype", "bfloat16")
-        found.append(("`--set policy.diffusers.dtype=bfloat16` (frozen weights)",
-                      lambda new=new, both=True: estimate(new, est.world, est.fsdp, both_checkpointing=both)))  # fmt: skip
+        found.append(("`--set policy.diffusers.dtype=bfloat16` (frozen weights)", rerun(new)))
     if not cfg.policy.diffusers.offload:
         new = _set(cfg, "policy.diffusers.offload", True)
-        found.append(("`--set policy.diffusers.offload=true` (text encoder and VAE on the CPU)",
-                      lambda new=new, both=True: estimate(new, est.world, est.fsdp, both_checkpointing=both)))  # fmt: skip
+        found.append(("`--set policy.diffusers.offload=true` (text encoder and VAE on the CPU)", rerun(new)))
     m = cfg.rollout.num_candidates
     if m > cfg.rollout.n_generation:
-        new = _set(cfg, "rollout.num_candidates", max(cfg.rollout.n_generation, m // 2))
-        found.append((f"`--set rollout.num_candidates={max(cfg.rollout.n_generation, m // 2)}` (fewer drafts)",
-                      lambda new=new, both=True: estimate(new, est.world, est.fsdp, both_checkpointing=both)))  # fmt: skip
+        fewer = max(cfg.rollout.n_generation, m // 2)
+        new = _set(cfg, "rollout.num_candidates", fewer)
+        found.append((f"`--set rollout.num_candidates={fewer}` (fewer drafts)", rerun(new)))
     return found
 
 

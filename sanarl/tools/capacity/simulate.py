@@ -6,6 +6,10 @@ when the last one is gone (weak references), so the peak is the one the same gra
 activations alone (parameters, and gradients already allocated by an earlier micro-batch, are created outside the
 mode and not counted). Attention is accounted as the fused kernels a GPU (and torch's CPU flash kernel) run: the
 output and the log-sum-exp, never the L x S score matrix. FLOPs come from torch.utils.flop_counter in the same pass.
+
+Kernels that hold memory of their own while they run are counted for the machine the plan is for (`Kernels`): on the
+CPU, oneDNN's convolution reorders a bfloat16 / float16 weight into its blocked layout at every call, a transient
+copy of the weight (a float32 weight runs without one); GPU kernels add nothing here.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -20,12 +25,31 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+Kernels = Literal["cuda", "cpu"]
+"""The machine whose kernels run the traced call: "cuda" (the GPU plan) or "cpu"."""
+
+_CONVOLUTIONS = {torch.ops.aten.convolution.default: 1, torch.ops.aten.convolution_backward.default: 2}
+"""Convolution ops -> the position of their weight argument."""
+
+
+def kernel_workspace(kernels: Kernels, func, args: tuple) -> int:
+    """Bytes a kernel holds only while it runs: oneDNN's reordered copy of a reduced-precision convolution weight
+    on the CPU (docs/results.md, "Memory plan against measurement"); 0 otherwise."""
+    if kernels != "cpu" or func not in _CONVOLUTIONS:
+        return 0
+    weight = args[_CONVOLUTIONS[func]]
+    if weight.dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    return weight.numel() * weight.element_size()
+
 
 class LiveBytes(TorchDispatchMode):
-    """Bytes of storages created inside the mode and still referenced; `peak` is their maximum."""
+    """Bytes of storages created inside the mode and still referenced; `peak` is their maximum, with each op's
+    transient kernel workspace (`kernel_workspace`) on top of what is live when it returns."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernels: Kernels = "cuda") -> None:
         super().__init__()
+        self.kernels = kernels
         self.live = 0
         self.peak = 0
         self._refs: dict[int, list[int]] = {}  # storage key -> [tensors alive, bytes]
@@ -53,6 +77,7 @@ class LiveBytes(TorchDispatchMode):
                 self.live += self._refs[key][1]
                 self.peak = max(self.peak, self.live)
             weakref.finalize(t, self._release, key)
+        self.peak = max(self.peak, self.live + kernel_workspace(self.kernels, func, args))
         return out
 
 
@@ -107,35 +132,40 @@ def attention_flops(q_shape, k_shape, v_shape) -> int:
 
 @dataclass
 class Trace:
-    """One call: peak activation bytes (forward, and forward + backward when `grad`) and forward FLOPs."""
+    """One call: peak activation bytes (forward, and forward + backward when `grad`), forward FLOPs, and the bytes
+    the forward leaves held for the backward (its saved activations and output)."""
 
     forward_peak: int
     peak: int
     forward_flops: int
+    held: int
 
 
-def trace(module: nn.Module, inputs: dict, *, grad: bool, fused: bool = True) -> Trace:
+def trace(
+    module: nn.Module, inputs: dict, *, grad: bool, fused: bool = True, kernels: Kernels = "cuda"
+) -> Trace:
     """Run `module(**inputs)` on meta (with backward of a scalar loss when `grad`); parameters that require grad get
     a gradient first, as from an earlier micro-batch, so only the activations are counted. `fused = False` keeps
-    the module's own attention (text encoders run eager attention, which holds the score matrix). The FLOPs are
+    the module's own attention (text encoders run eager attention, which holds the score matrix); `kernels` the
+    machine whose kernel workspace counts (see `kernel_workspace`). The FLOPs are
     counted in a second, no-grad forward: the FLOP counter's module hooks would keep activations alive."""
     if grad:
         for p in module.parameters():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.empty_like(p)
     patch = fused_attention if fused else contextlib.nullcontext
-    mode = LiveBytes()
+    mode = LiveBytes(kernels)
     with contextlib.nullcontext() if grad else torch.no_grad(), patch(), mode:
         out = module(**inputs)
         out = out[0] if isinstance(out, tuple) else out
-        forward_peak = mode.peak
+        forward_peak, held = mode.peak, mode.live
         if grad:
             out.float().square().mean().backward()
         del out
     counter, attention = FlopCounterMode(display=False), _AttentionFlops()
     with torch.no_grad(), patch(), attention, counter:
         module(**inputs)
-    return Trace(forward_peak, mode.peak, counter.get_total_flops() + attention.forward_flops)
+    return Trace(forward_peak, mode.peak, counter.get_total_flops() + attention.forward_flops, held)
 
 
 class _AttentionFlops:
