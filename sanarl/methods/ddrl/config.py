@@ -42,6 +42,11 @@ def validate(cfg: Config) -> None:
     check_ddrl_config(cfg)
 
 
+def warnings(cfg: Config) -> list[str]:
+    """DDRL warns of nothing beyond the generic notes."""
+    return []
+
+
 def check_ddrl_config(cfg: Config) -> None:
     """`[train.train_policy.ddrl]` against the rest of the config (ConfigError naming the key and the fix)."""
     d, tp = cfg.train.train_policy.ddrl, cfg.train.train_policy

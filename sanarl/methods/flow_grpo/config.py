@@ -66,6 +66,16 @@ def validate(cfg: Config) -> None:
         )
 
 
+def warnings(cfg: Config) -> list[str]:
+    """Valid settings that have no effect for Flow-GRPO."""
+    if cfg.policy.diffusers.sample.deterministic_sampling:
+        return [
+            "policy.diffusers.sample.deterministic_sampling = true has no effect for flow_grpo, whose rollouts "
+            "always use the stochastic `solver`."
+        ]
+    return []
+
+
 def _check_window(size: int, window_range: list[int], num_steps: int, solver: str) -> None:
     if size < 0:
         raise ConfigError(

@@ -45,6 +45,11 @@ def validate(cfg: Config) -> None:
     check_steps_per_rollout(cfg)
 
 
+def warnings(cfg: Config) -> list[str]:
+    """DiffusionNFT warns of nothing beyond the generic notes."""
+    return []
+
+
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
     """One trained forward per trained level (num_steps x timesteps_fraction), each with the old policy's forward
     and, with kl_beta, the reference's."""

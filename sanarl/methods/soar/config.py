@@ -1,4 +1,4 @@
-"""SOAR's config view and checks (docs/algorithms.md, "SOAR"; docs/soar.md for the keys)."""
+"""SOAR's config view, checks and warnings (docs/algorithms.md, "SOAR"; docs/soar.md for the keys)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sanarl.config.schema import Config, DiffusersConfig, SoarConfig
 from sanarl.errors import ConfigError
+from sanarl.methods.sft.config import warnings as sft_warnings
 from sanarl.methods.work import GuidedRows, TrainedWork
 
 ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
@@ -79,6 +80,11 @@ def view(cfg: Config) -> SOARView:
 def validate(cfg: Config) -> None:
     """SOAR's own checks: every `[train.train_policy.soar]` value inside its domain."""
     check_soar_config(view(cfg).soar)
+
+
+def warnings(cfg: Config) -> list[str]:
+    """SFT's: SOAR is an SFT method (type "sft"), which ignores the RL keys."""
+    return sft_warnings(cfg)
 
 
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
