@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
+    GroupPolicy,
+    GroupRLView,
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
-    group_view,
+    group_sections,
+    keys_of,
     rollouts_for,
 )
 from sanarl.methods.work import GuidedRows, TrainedWork
@@ -17,8 +22,30 @@ STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
 
 
-view = group_view
-"""Its config view: the group-RL sections (group_config.GroupRLView)."""
+@dataclass
+class FlowGRPOPolicy(GroupPolicy):
+    """The group-RL keys plus Flow-GRPO's: the advantage clip's lower bound, the PPO clip range and the on-policy
+    self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in training."""
+
+    advantage_low: float
+    clip_range: float
+    ratio_warn_tolerance: float
+    sde_window_size: int
+    sde_window_range: list[int]
+    same_noise_per_group: bool
+    cps_train_last_step: bool
+    cfg_in_training: bool
+
+
+@dataclass(frozen=True)
+class FlowGRPOView(GroupRLView):
+    """The group-RL sections with Flow-GRPO's policy keys."""
+
+    train_policy: FlowGRPOPolicy
+
+
+def view(cfg: Config) -> FlowGRPOView:
+    return FlowGRPOView(keys_of(FlowGRPOPolicy, cfg.train.train_policy), *group_sections(cfg))
 
 
 def validate(cfg: Config) -> None:

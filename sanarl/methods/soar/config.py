@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
+from sanarl.config.choices import LevelGrid, SoarRolloutType
 from sanarl.config.schema import Config, DiffusersConfig, SoarConfig
 from sanarl.errors import ConfigError
 from sanarl.methods.sft.config import warnings as sft_warnings
 from sanarl.methods.work import GuidedRows, TrainedWork
 
-ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
+ROLLOUT_TYPES: tuple[str, ...] = get_args(SoarRolloutType)
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
-LEVEL_GRIDS = ("scheduler_table", "continuous")
+LEVEL_GRIDS: tuple[str, ...] = get_args(LevelGrid)
 """Accepted `train.train_policy.soar.level_grid` values (how s0 and s1 are read off u and t1; `soar_levels`)."""
 SCHEDULER_TABLE_SIZE = 1000
 """Levels of HY-SOAR's training table: the `num_train_timesteps` of SD3.5's FlowMatchEulerDiscreteScheduler."""
