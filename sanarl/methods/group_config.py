@@ -4,7 +4,7 @@ load)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RemoteRewardConfig, RolloutConfig
@@ -35,13 +35,16 @@ class GroupPolicy:
     remote_reward: RemoteRewardConfig
 
 
+Policy = TypeVar("Policy", bound=GroupPolicy)
+
+
 @dataclass(frozen=True)
-class GroupRLView:
-    """What the group-RL base reads: its `[train.train_policy]` keys, the rollout (group size, family; handed to
+class GroupRLView(Generic[Policy]):
+    """What a group-RL method reads: its `[train.train_policy]` keys (a `GroupPolicy`), the rollout (group size, family; handed to
     the rollout engine whole, with the diffusers section: sampler, noise level, timesteps_fraction) and the LoRA
     adapters (None: a full fine-tune, Flow-GRPO only)."""
 
-    train_policy: GroupPolicy
+    train_policy: Policy
     rollout: RolloutConfig
     diffusers: DiffusersConfig
     lora: LoraConfig | None
@@ -52,8 +55,9 @@ def group_sections(cfg: Config) -> tuple[RolloutConfig, DiffusersConfig, LoraCon
     return cfg.rollout, cfg.policy.diffusers, cfg.policy.lora
 
 
-def group_view(cfg: Config) -> GroupRLView:
-    return GroupRLView(keys_of(GroupPolicy, cfg.train.train_policy), *group_sections(cfg))
+def group_view(cfg: Config, policy: type[Policy]) -> GroupRLView[Policy]:
+    """The view with the `[train.train_policy]` keys of `policy` (a method's `GroupPolicy` subclass)."""
+    return GroupRLView(keys_of(policy, cfg.train.train_policy), *group_sections(cfg))
 
 
 def check_group_rl(cfg: Config) -> None:

@@ -23,7 +23,7 @@ from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
-from sanarl.methods.group_config import GroupRLView
+from sanarl.methods.group_config import GroupPolicy, GroupRLView
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
@@ -60,12 +60,12 @@ class GroupRLTask(Task):
     """Base of the group-based RL tasks: prompt stream, group seeds, cross-rank advantages, updates per rollout,
     DDP padding, reward metrics. Subclasses supply `_rollout_batches` and `_padding_batch` (and the objective)."""
 
-    view: GroupRLView
+    view: GroupRLView[GroupPolicy]
     """What the method reads: its `[train.train_policy]` keys, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
     method_checks: Callable[[Config], None]
     """The method's config checks (its config.py `validate`, the one the loader runs), run again by the constructor
     for a config built in code; set by each method as `staticmethod(validate)`."""
-    method_view: Callable[[Config], GroupRLView]
+    method_view: Callable[[Config], GroupRLView[GroupPolicy]]
     """The method's view (its config.py `view`), set as `staticmethod(view)`."""
 
     def __init__(

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config, DDRLConfig
-from sanarl.methods.flow_grpo.config import FlowGRPOPolicy, FlowGRPOView
+from sanarl.methods.flow_grpo.config import FlowGRPOPolicy
 from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
 from sanarl.methods.flow_grpo.config import trained_work as flow_grpo_trained_work
 from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
-from sanarl.methods.group_config import group_sections, keys_of, rollouts_for
+from sanarl.methods.group_config import GroupRLView, group_sections, keys_of, rollouts_for
 from sanarl.methods.work import GuidedRows, TrainedWork
 
 KEY = "train.train_policy.ddrl"
@@ -20,7 +20,7 @@ torch, so the value is repeated here)."""
 
 
 @dataclass(frozen=True)
-class DDRLView(FlowGRPOView):
+class DDRLView(GroupRLView[FlowGRPOPolicy]):
     """Flow-GRPO's view (DDRL's policy term is Flow-GRPO's), plus `[train.train_policy.ddrl]`."""
 
     ddrl: DDRLConfig

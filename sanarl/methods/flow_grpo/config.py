@@ -12,8 +12,7 @@ from sanarl.methods.group_config import (
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
-    group_sections,
-    keys_of,
+    group_view,
     rollouts_for,
 )
 from sanarl.methods.work import GuidedRows, TrainedWork
@@ -37,15 +36,12 @@ class FlowGRPOPolicy(GroupPolicy):
     cfg_in_training: bool
 
 
-@dataclass(frozen=True)
-class FlowGRPOView(GroupRLView):
-    """The group-RL sections with Flow-GRPO's policy keys."""
-
-    train_policy: FlowGRPOPolicy
+FlowGRPOView = GroupRLView[FlowGRPOPolicy]
+"""The group-RL sections with Flow-GRPO's policy keys."""
 
 
 def view(cfg: Config) -> FlowGRPOView:
-    return FlowGRPOView(keys_of(FlowGRPOPolicy, cfg.train.train_policy), *group_sections(cfg))
+    return group_view(cfg, FlowGRPOPolicy)
 
 
 def validate(cfg: Config) -> None:

@@ -14,8 +14,7 @@ from sanarl.methods.group_config import (
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
-    group_sections,
-    keys_of,
+    group_view,
     rollouts_for,
 )
 from sanarl.methods.work import GuidedRows, TrainedWork
@@ -28,15 +27,12 @@ class NFTPolicy(GroupPolicy):
     adv_mode: AdvMode
 
 
-@dataclass(frozen=True)
-class NFTView(GroupRLView):
-    """The group-RL sections with DiffusionNFT's policy keys; its beta and old-adapter decay are diffusers keys."""
-
-    train_policy: NFTPolicy
+NFTView = GroupRLView[NFTPolicy]
+"""The group-RL sections with DiffusionNFT's policy keys; its beta and old-adapter decay are diffusers keys."""
 
 
 def view(cfg: Config) -> NFTView:
-    return NFTView(keys_of(NFTPolicy, cfg.train.train_policy), *group_sections(cfg))
+    return group_view(cfg, NFTPolicy)
 
 
 def validate(cfg: Config) -> None:
