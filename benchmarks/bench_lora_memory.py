@@ -53,8 +53,8 @@ def child(frozen_float32: bool, size: int, batch: int, threads: int) -> dict:
     import torch
     from diffusers import SanaTransformer2DModel
 
-    from sanarl.config import load_config
     from sanarl.core.lora import add_lora_adapters
+    from sanarl.methods.loading import load_config
     from sanarl.models.base import transformer_dtype
 
     torch.set_num_threads(threads)

@@ -45,8 +45,8 @@ def train(
 
 def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: bool) -> None:
     from sanarl import api
-    from sanarl.config import load_config
     from sanarl.config.plugins import cosmos_plugin, resolve_plugin
+    from sanarl.methods.loading import load_config
     from sanarl.rewards.preflight import check_reward_names
     from sanarl.tools.capacity.fit import check_fits_machine
     from sanarl.training.distributed import launch_state
@@ -164,8 +164,9 @@ def validate(
 def _validate(
     config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None, capacity=None
 ) -> None:
-    from sanarl.config import load_config, load_plugin
+    from sanarl.config import load_plugin
     from sanarl.config.cosmos_rl import planned_world_size, report
+    from sanarl.methods.loading import load_config
     from sanarl.methods.registry import task_class
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.models.tiny import check_tiny_name

@@ -61,7 +61,7 @@ print("MEASURED " + json.dumps({"peak": status("VmHWM") - base, "code": code}))
 
 TRANSFORMER = r"""
 import json, sys, torch
-from sanarl.config import load_config
+from sanarl.methods.loading import load_config
 from sanarl.config.presets import resolve_preset_path
 from sanarl.core.lora import add_lora_adapters
 from sanarl.models.meta import architecture, default_lora_targets, example_inputs, _find_class
@@ -117,8 +117,8 @@ print("MEASURED " + json.dumps({"weights": weights, "step": status("VmHWM") - ba
 
 def measure_transformer(args: list[str]) -> dict:
     """{"weights", "weights_estimated", "step", "step_estimated"} of one micro-step of the preset's transformer."""
-    from sanarl.config import load_config
     from sanarl.config.presets import resolve_preset_path
+    from sanarl.methods.loading import load_config
     from sanarl.tools.capacity.memory import estimate
 
     config = args[args.index("--config") + 1]
@@ -151,8 +151,8 @@ def measure_transformer(args: list[str]) -> dict:
 
 def measure(args: list[str], steps: int) -> dict:
     """{"measured", "estimated", "error", "phase"} of the training run `args` for `steps` optimizer steps."""
-    from sanarl.config import load_config
     from sanarl.config.presets import resolve_preset_path
+    from sanarl.methods.loading import load_config
     from sanarl.tools.capacity.memory import estimate
 
     with tempfile.TemporaryDirectory() as out:

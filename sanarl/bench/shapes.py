@@ -25,11 +25,11 @@ from sanarl.bench.curves import curve_overrides, evaluate_intermediate
 from sanarl.bench.methods import METHODS, rollout_cost
 from sanarl.bench.plan import EVAL_SEED
 from sanarl.bench.report import PAIRED_KEYS, write_report
-from sanarl.config import load_config
 from sanarl.config.presets import resolve_preset_path
 from sanarl.evaluation.prompts import PromptSet, shapes_prompts
 from sanarl.evaluation.run import EvalSettings, evaluate_source
 from sanarl.evaluation.sources import ModelSource, load_source, resolve_checkpoint, resolve_model
+from sanarl.methods.loading import load_config
 from sanarl.rewards.scoring import build_rewards
 from sanarl.training.sampling import GenerationSpec
 from sanarl.training.tracking import read_metrics

@@ -1,19 +1,13 @@
 """Typed configuration: the schema, TOML loading with `--set` overrides and checks, and dataset-plugin resolution.
 
-Precedence: `--set` overrides > preset file > schema defaults.
+Precedence: `--set` overrides > preset file > schema defaults. The loader (`loader.py`) is handed the method
+table it checks against; `sanarl.methods.loading` has `load_config` / `loads_config` / `check_config` with the
+method registry's table.
 """
 
 from __future__ import annotations
 
-from sanarl.config.loader import (
-    LoadedConfig,
-    apply_overrides,
-    check_config,
-    config_to_dict,
-    dump_toml,
-    load_config,
-    loads_config,
-)
+from sanarl.config.loader import LoadedConfig, apply_overrides, config_to_dict, dump_toml
 from sanarl.config.plugins import (
     DatasetPlugin,
     LoadedPlugin,
@@ -62,15 +56,12 @@ __all__ = [
     "ValidationConfig",
     "apply_overrides",
     "builtin_plugins",
-    "check_config",
     "check_plugin",
     "DatasetPlugin",
     "LoadedPlugin",
     "load_plugin",
     "config_to_dict",
     "dump_toml",
-    "load_config",
-    "loads_config",
     "plugin_label",
     "resolve_plugin",
 ]

@@ -2,7 +2,9 @@
 
 Each raises `ConfigError` naming the key and the fix. The choices of Literal fields and the ranges declared on the
 fields (`Annotated[int, AtLeast(1)]`, sanarl/config/ranges.py) are checked from their types by the engine
-(`engine.Engine.check_choices`, first); what is here depends on more than one key, or on a condition; the checks that concern one method are its `validate(cfg)` (sanarl/methods/<method>/config.py), run through `methods.validate_method`. The
+(`engine.Engine.check_choices`, first); what is here depends on more than one key, or on a condition. The checks
+and warnings that concern one method are its own (`validate(cfg)` and `warnings(cfg)` in
+sanarl/methods/<method>/config.py), which the loader reads off the method table it is handed (`methods.py`). The
 order in which `loader.check_config` runs them is the order in which errors are reported.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from sanarl.config.methods import trainer_types
+from sanarl.config.methods import MethodRules, MethodTable, rules_of, trainer_types
 from sanarl.config.ranges import Range
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
@@ -135,16 +137,18 @@ def warnings(cfg: Config) -> list[str]:
     return out
 
 
-def check_task(cfg: Config) -> None:
-    """`[train.train_policy]`: the trainer fits the task type; batch sizes, KL weight and advantage clip."""
+def check_task(cfg: Config, methods: MethodTable) -> MethodRules:
+    """`[train.train_policy]`: the trainer is one of `methods` for the task type (its entry is returned); batch
+    sizes and advantage clip."""
     tp = cfg.train.train_policy
-    trainers = trainer_types().get(tp.type, ())
-    require(
-        tp.trainer_type in trainers,
-        f"`train.train_policy.trainer_type` = {tp.trainer_type!r} is not valid for type = {tp.type!r}; set it to "
-        f"one of {', '.join(repr(t) for t in trainers)}"
-        + (' ("" = plain SFT).' if tp.type == "sft" else "."),
-    )
+    method = rules_of(cfg, methods)
+    if method is None:
+        trainers = trainer_types(methods).get(tp.type, ())
+        raise ConfigError(
+            f"`train.train_policy.trainer_type` = {tp.trainer_type!r} is not valid for type = {tp.type!r}; set it "
+            f"to one of {', '.join(repr(t) for t in trainers)}"
+            + (' ("" = plain SFT).' if tp.type == "sft" else ".")
+        )
     batch, mini = cfg.train.train_batch_per_replica, tp.mini_batch
     examples = " or ".join(str(m) for m in (batch // mini * mini, (batch // mini + 1) * mini) if m > 0)
     require(
@@ -158,21 +162,4 @@ def check_task(cfg: Config) -> None:
         f"train.train_policy.advantage_low = {tp.advantage_low} must be below advantage_high = {tp.advantage_high};"
         " set e.g. advantage_low = -5.0 and advantage_high = 5.0.",
     )
-
-
-def method_warnings(cfg: Config) -> list[str]:
-    """Valid settings that have no effect for the run's method."""
-    tp = cfg.train.train_policy
-    out = []
-    if tp.type == "sft" and tp.kl_beta > 0:
-        out.append(f"train.train_policy.kl_beta = {tp.kl_beta} has no effect for SFT; it is ignored.")
-    if tp.type == "sft" and (tp.use_remote_reward or tp.remote_reward.reward_fns):
-        out.append(
-            "train.train_policy.remote_reward / use_remote_reward have no effect for SFT; they are ignored."
-        )
-    if tp.trainer_type == "flow_grpo" and cfg.policy.diffusers.sample.deterministic_sampling:
-        out.append(
-            "policy.diffusers.sample.deterministic_sampling = true has no effect for flow_grpo, whose rollouts "
-            "always use the stochastic `solver`."
-        )
-    return out
+    return method

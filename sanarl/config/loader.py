@@ -7,8 +7,11 @@ The strict build (unknown keys with a did-you-mean, exact types, Literal choices
 through `cosmos_hooks.CosmosHooks`: keys of Cosmos-RL's schema that sanarl does not use are accepted, dropped,
 listed in `LoadedConfig.ignored` and kept with their values in `LoadedConfig.cosmos`; aliases and Cosmos-RL
 spellings of values are renamed with a note in `LoadedConfig.notes`. The checks are `checks.py` (generic) and
-each method's `validate(cfg)` (sanarl/methods/<method>/config.py, through `methods.validate_method`), run by
-`check_config`.
+each method's `validate(cfg)` and `warnings(cfg)` (sanarl/methods/<method>/config.py), run by `check_config`.
+
+The loader knows no method: its caller hands it the method table (`methods`, a `methods.MethodTable`), which
+says which `(train.train_policy.type, trainer_type)` pairs exist and holds their checks. The method registry's
+table is that argument everywhere: `sanarl.methods.loading` binds it (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from sanarl.config import checks, cosmos_rl, toml_dump
 from sanarl.config.cosmos_hooks import CosmosHooks
 from sanarl.config.engine import Context, Engine
-from sanarl.config.methods import validate_method
+from sanarl.config.methods import MethodTable
 from sanarl.config.overrides import apply as apply_to
 from sanarl.config.presets import anchor_dir, anchor_paths, preset_names, resolve_preset_path
 from sanarl.config.schema import Config
@@ -50,8 +53,8 @@ class LoadedConfig:
     """Dotted paths (list indices as `[i]`) of the schema keys the file or an override set (the rest are defaults)."""
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> LoadedConfig:
-    """Read the TOML preset at `path` (or the shipped preset of that name), apply `overrides` ("dotted.key=value"), check, and return the result.
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, methods: MethodTable) -> LoadedConfig:
+    """Read the TOML preset at `path` (or the shipped preset of that name), apply `overrides` ("dotted.key=value"), check against `methods`, and return the result.
 
     Raises `ConfigError` for a missing/unreadable file, malformed TOML (with line and column), unknown keys, wrong
     types, malformed overrides and inconsistent values (see `check_config`).
@@ -75,10 +78,12 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> LoadedConfig
         raise ConfigError(
             f"config file `{file}` cannot be read ({err.strerror}); check its permissions."
         ) from err
-    return loads_config(text, overrides, source=file)
+    return loads_config(text, overrides, source=file, methods=methods)
 
 
-def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = "<string>") -> LoadedConfig:
+def loads_config(
+    text: str, overrides: Sequence[str] = (), source: str | Path = "<string>", *, methods: MethodTable
+) -> LoadedConfig:
     """Like `load_config` but from TOML text; `source` only names the text in messages."""
     ctx = Context(where=str(source), text=text)
     cfg = ENGINE.build(ENGINE.parse_toml(text, ctx.where), ctx)
@@ -94,7 +99,7 @@ def loads_config(text: str, overrides: Sequence[str] = (), source: str | Path = 
         cosmos_rl.adapt_sft_batch(cfg, ctx.dropped),
     ]
     ctx.notes.extend(note for note in cosmos_notes if note)
-    ctx.notes.extend(check_config(cfg))
+    ctx.notes.extend(check_config(cfg, methods))
     resolved = Path(source).expanduser().resolve() if isinstance(source, Path) else Path(source)
     return LoadedConfig(
         config=cfg,
@@ -130,20 +135,22 @@ def apply_overrides(
     return apply_to(ENGINE, cfg, overrides, record)
 
 
-def check_config(cfg: Config) -> list[str]:
-    """Cross-field validation; raises ConfigError (naming the key and the fix) on the first invalid setting.
+def check_config(cfg: Config, methods: MethodTable) -> list[str]:
+    """Cross-field validation against the method table `methods`; raises ConfigError (naming the key and the fix)
+    on the first invalid setting.
 
-    Returns warnings for settings that are valid but have no effect.
+    Returns warnings for settings that are valid but have no effect: the method's, then the generic ones.
     """
     ENGINE.check_choices(cfg)  # a config built in code has skipped the build's checks of the Literal fields
-    checks.check_task(cfg)
+    method = checks.check_task(cfg, methods)  # the (type, trainer_type) pair is one of `methods`: its entry
     checks.check_rewards(cfg)
-    validate_method(cfg)  # the method's own checks (sanarl/methods/<method>/config.py)
+    if method.validate is not None:
+        method.validate(cfg)  # the method's own checks (sanarl/methods/<method>/config.py)
     checks.check_lora(cfg)
     checks.check_diffusers(cfg)
     checks.check_optimizer(cfg)
     checks.check_run(cfg)
-    return checks.method_warnings(cfg) + checks.warnings(cfg)
+    return method.warnings(cfg) + checks.warnings(cfg)
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

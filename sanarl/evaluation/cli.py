@@ -52,11 +52,12 @@ def _eval(*, checkpoints, models, prompts, dataset, rewards, output, config, num
           batch_size, overrides, stats, use_ema) -> None:  # fmt: skip
     from dataclasses import replace
 
-    from sanarl.config import apply_overrides, load_config
+    from sanarl.config import apply_overrides
     from sanarl.evaluation.console import EvalProgress, results_table
     from sanarl.evaluation.prompts import load_prompts
     from sanarl.evaluation.run import EvalSettings, run_eval
     from sanarl.evaluation.sources import resolve_checkpoint, resolve_model, unique_labels
+    from sanarl.methods.loading import load_config
 
     if not checkpoints and not models:
         raise UserError("nothing to evaluate: give `--model ID` and/or `--checkpoint DIR` (each repeatable).")

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from sanarl.config import Config, apply_overrides, load_config
+from sanarl.config import Config, apply_overrides
 from sanarl.errors import DataError
+from sanarl.methods.loading import load_config
 from sanarl.models.base import DiffusionAdapter
 from sanarl.models.loading import TINY_PREFIX
 from sanarl.training.checkpoint import list_checkpoints

@@ -1,29 +1,63 @@
-"""Config checks DiffusionNFT and Flow-GRPO share (no torch: the registry imports these at config load)."""
+"""The config view and checks DiffusionNFT and Flow-GRPO share (no torch: the registry imports these at config
+load)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Generic, TypeVar
 
 from sanarl.config.checks import at_least, require
-from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RolloutConfig, TrainPolicyConfig
+from sanarl.config.schema import Config, DiffusersConfig, LoraConfig, RemoteRewardConfig, RolloutConfig
 from sanarl.errors import ConfigError
+
+Keys = TypeVar("Keys")
+
+
+def keys_of(keys: type[Keys], section: Any) -> Keys:
+    """The dataclass `keys` filled from the config section of the same field names: a view's narrow copy of the
+    keys it reads (e.g. `GroupPolicy` from `[train.train_policy]`)."""
+    return keys(**{f.name: getattr(section, f.name) for f in fields(keys)})
+
+
+@dataclass
+class GroupPolicy:
+    """The `[train.train_policy]` keys the group-RL base (sanarl/methods/group_rl.py) and both its methods read:
+    the reward and where it is scored, the KL weight, the advantage clip C = advantage_high and its normalisation,
+    the updates per rollout. Each method's view adds its own keys (nft/config.py, flow_grpo/config.py). Like the
+    schema's sections its fields can be set (a test tunes one on a built task); it is the task's copy, not the
+    config's."""
+
+    kl_beta: float
+    advantage_high: float
+    global_std: bool
+    optimizer_steps_per_rollout: int
+    use_remote_reward: bool
+    remote_reward: RemoteRewardConfig
+
+
+Policy = TypeVar("Policy", bound=GroupPolicy)
 
 
 @dataclass(frozen=True)
-class GroupRLView:
-    """The sections DiffusionNFT and Flow-GRPO read: the policy-gradient keys of `[train.train_policy]` (advantage
-    clip, KL, updates per rollout; Flow-GRPO's clip range and SDE window), the rollout (group size, family), the
-    diffusers keys (sampler, noise level, timesteps_fraction; NFT's beta and old-adapter decay) and the LoRA adapters
-    (None: a full fine-tune, Flow-GRPO only)."""
+class GroupRLView(Generic[Policy]):
+    """What a group-RL method reads: its `[train.train_policy]` keys (a `GroupPolicy`), the rollout (group size, family; handed to
+    the rollout engine whole, with the diffusers section: sampler, noise level, timesteps_fraction) and the LoRA
+    adapters (None: a full fine-tune, Flow-GRPO only)."""
 
-    train_policy: TrainPolicyConfig
+    train_policy: Policy
     rollout: RolloutConfig
     diffusers: DiffusersConfig
     lora: LoraConfig | None
 
 
-def group_view(cfg: Config) -> GroupRLView:
-    return GroupRLView(cfg.train.train_policy, cfg.rollout, cfg.policy.diffusers, cfg.policy.lora)
+def group_sections(cfg: Config) -> tuple[RolloutConfig, DiffusersConfig, LoraConfig | None]:
+    """The whole sections every group-RL view holds after its policy keys."""
+    return cfg.rollout, cfg.policy.diffusers, cfg.policy.lora
+
+
+def group_view(cfg: Config, policy: type[Policy]) -> GroupRLView[Policy]:
+    """The view with the `[train.train_policy]` keys of `policy` (a method's `GroupPolicy` subclass)."""
+    return GroupRLView(keys_of(policy, cfg.train.train_policy), *group_sections(cfg))
 
 
 def check_group_rl(cfg: Config) -> None:

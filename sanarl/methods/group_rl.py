@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
-from sanarl.methods.group_config import GroupRLView, group_view
+from sanarl.methods.group_config import GroupPolicy, GroupRLView
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
@@ -60,14 +60,20 @@ class GroupRLTask(Task):
     """Base of the group-based RL tasks: prompt stream, group seeds, cross-rank advantages, updates per rollout,
     DDP padding, reward metrics. Subclasses supply `_rollout_batches` and `_padding_batch` (and the objective)."""
 
-    view: GroupRLView
-    """The sections the method reads: `[train.train_policy]`, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
+    view: GroupRLView[GroupPolicy]
+    """What the method reads: its `[train.train_policy]` keys, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
+    method_checks: Callable[[Config], None]
+    """The method's config checks (its config.py `validate`, the one the loader runs), run again by the constructor
+    for a config built in code; set by each method as `staticmethod(validate)`."""
+    method_view: Callable[[Config], GroupRLView[GroupPolicy]]
+    """The method's view (its config.py `view`), set as `staticmethod(view)`."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
+        self.method_checks(cfg)  # also for a config built in code, which never went through the loader
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.view = group_view(cfg)
+        self.view = self.method_view(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)
         self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
         self.engine: RolloutEngine | None = None
@@ -85,7 +91,7 @@ class GroupRLTask(Task):
         self.engine = RolloutEngine(
             v.rollout,
             v.diffusers,
-            reward_function(v.train_policy, v.rollout),
+            reward_function(v.train_policy.remote_reward, v.rollout, remote=v.train_policy.use_remote_reward),
             self.adapter,
             uses_lora=self.uses_lora,
             compile=self.run.compile,

@@ -1,9 +1,10 @@
 """The one table of post-training methods.
 
 Each entry names what selects the method (`train.train_policy.type` / `trainer_type`), the task that runs it, its
-typed config view, its checks, the `sanarl bench shapes` runs of it (bench name -> shipped preset) and the cost
-arithmetic the bench reports. The config loader (through sanarl/config/methods.py), `sanarl train` / `validate`,
-evaluation (a task's LoRA names) and the bench read this table. Adding a method is a folder
+typed config view, its checks and warnings, the `sanarl bench shapes` runs of it (bench name -> shipped preset) and
+the cost arithmetic the bench and the capacity plan report. The config loader is handed this table
+(`sanarl.methods.loading`; an entry is the loader's `config.methods.MethodRules`); `sanarl train` / `validate`,
+evaluation (a task's LoRA names), the capacity plan and the bench read it too. Adding a method is a folder
 `sanarl/methods/<name>/` (task.py, config.py) plus one entry in METHODS (docs/architecture.md, "Adding a method").
 Task modules are imported on use, so loading a config never imports torch.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sanarl.config import methods as config_methods
+from sanarl.config.methods import rules_of
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.ddrl import config as ddrl
@@ -44,6 +45,8 @@ class Method:
     """The config sections the method reads, typed (its config.py)."""
     validate: Callable[[Config], None] | None
     """Its cross-field checks, run by the loader after the generic ones (None: generic only)."""
+    warnings: Callable[[Config], list[str]]
+    """Valid settings that have no effect for it (its config.py), the loader's notes before the generic ones."""
     rollout_cost: Callable[[Config, int], tuple[int, int]]
     """(images generated, reward calls) of N optimizer steps."""
     trained_work: Callable[[Config, GuidedRows], TrainedWork]
@@ -63,34 +66,32 @@ class Method:
 
 METHODS: tuple[Method, ...] = (
     Method(name="sft", policy_type="sft", trainer_type="", task="sanarl.methods.sft.task:SFTTask",
-           view=sft.view, validate=None, rollout_cost=sft.rollout_cost, trained_work=sft.trained_work,
-           bench={"sft-more": "tiny-shapes-sft-more"}),
+           view=sft.view, validate=None, warnings=sft.warnings, rollout_cost=sft.rollout_cost,
+           trained_work=sft.trained_work, bench={"sft-more": "tiny-shapes-sft-more"}),
     Method(name="soar", policy_type="sft", trainer_type="soar", task="sanarl.methods.soar.task:SOARTask",
-           view=soar.view, validate=soar.validate, rollout_cost=soar.rollout_cost, trained_work=soar.trained_work,
-           bench={"soar": "tiny-shapes-soar"}),
+           view=soar.view, validate=soar.validate, warnings=soar.warnings, rollout_cost=soar.rollout_cost,
+           trained_work=soar.trained_work, bench={"soar": "tiny-shapes-soar"}),
     Method(name="diffusion_nft", policy_type="grpo", trainer_type="diffusion_nft",
-           task="sanarl.methods.nft.task:NFTTask", view=nft.view, validate=nft.validate,
+           task="sanarl.methods.nft.task:NFTTask", view=nft.view, validate=nft.validate, warnings=nft.warnings,
            rollout_cost=nft.rollout_cost, trained_work=nft.trained_work, group_rollouts=True,
            bench={"nft": "tiny-shapes-nft", "nft-solrl": "tiny-shapes-nft-solrl"}),
     Method(name="flow_grpo", policy_type="grpo", trainer_type="flow_grpo",
            task="sanarl.methods.flow_grpo.task:FlowGRPOTask", view=flow_grpo.view, validate=flow_grpo.validate,
-           rollout_cost=flow_grpo.rollout_cost, trained_work=flow_grpo.trained_work, group_rollouts=True,
-           sde_transitions=True, bench={"grpo": "tiny-shapes-grpo"}),
+           warnings=flow_grpo.warnings, rollout_cost=flow_grpo.rollout_cost, trained_work=flow_grpo.trained_work,
+           group_rollouts=True, sde_transitions=True, bench={"grpo": "tiny-shapes-grpo"}),
     Method(name="ddrl", policy_type="grpo", trainer_type="ddrl", task="sanarl.methods.ddrl.task:DDRLTask",
-           view=ddrl.view, validate=ddrl.validate, rollout_cost=ddrl.rollout_cost, trained_work=ddrl.trained_work,
-           group_rollouts=True, sde_transitions=True, bench={"ddrl": "tiny-shapes-ddrl"}),
+           view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
+           trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
+           bench={"ddrl": "tiny-shapes-ddrl"}),
 )  # fmt: skip
-
-for _method in METHODS:
-    config_methods.register(_method.policy_type, _method.trainer_type, _method.validate)
 
 
 def method_of(cfg: Config) -> Method:
     """The method a config selects, or a ConfigError naming what this version provides."""
+    method = rules_of(cfg, METHODS)
+    if method is not None:
+        return method
     tp = cfg.train.train_policy
-    for method in METHODS:
-        if (method.policy_type, method.trainer_type) == (tp.type, tp.trainer_type):
-            return method
     offered = ", ".join(f"type={m.policy_type!r} trainer_type={m.trainer_type!r}" for m in METHODS)
     raise ConfigError(
         f"`train.train_policy.type = {tp.type!r}` with `trainer_type = {tp.trainer_type!r}` is not available in "

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sanarl.config.schema import DiffusersConfig, RolloutConfig, TrainPolicyConfig
+from sanarl.config.schema import DiffusersConfig, RemoteRewardConfig, RolloutConfig
 from sanarl.core.lora import using_adapter
 from sanarl.core.selection import select_scorable
 from sanarl.models.base import Cond, DiffusionAdapter
@@ -57,13 +57,13 @@ def group_seeds(seed: int, step: int, rank: int, prompt_index: int, count: int) 
 
 
 def reward_function(
-    train_policy: TrainPolicyConfig, rollout: RolloutConfig
+    rewards: RemoteRewardConfig, rollout: RolloutConfig, *, remote: bool
 ) -> RewardFunction | RemoteRewardFunction:
     """The rollout's scorer: the rewards of `[train.train_policy.remote_reward]` in this process, or through the
-    reward service with `use_remote_reward` (`rollout.reward_deadline_s` as each task's deadline)."""
-    if train_policy.use_remote_reward:
-        return RemoteRewardFunction(train_policy.remote_reward, deadline_s=rollout.reward_deadline_s)
-    return RewardFunction(train_policy.remote_reward)
+    reward service with `remote` (`use_remote_reward`; `rollout.reward_deadline_s` as each task's deadline)."""
+    if remote:
+        return RemoteRewardFunction(rewards, deadline_s=rollout.reward_deadline_s)
+    return RewardFunction(rewards)
 
 
 class RolloutEngine:

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
+from sanarl.methods.loading import load_config
 from sanarl.models import load_adapter
 from sanarl.models.loading import resolve_weights
 from sanarl.training.sampling import GenerationSpec, generate_latents

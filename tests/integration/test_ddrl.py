@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.lora import adapter_parameters, adapters_disabled
 from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.datasets import shapes
 from sanarl.methods.ddrl.task import DDRLTask
+from sanarl.methods.loading import load_config
 from sanarl.models.base import Cond
 from sanarl.training.data import step_generator
 from sanarl.training.rollout import group_seeds

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
+from sanarl.methods.loading import load_config
 from sanarl.models import load_adapter
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.core.lora import adapter_parameters
+from sanarl.methods.loading import load_config
 from sanarl.training.ema import old_weight_decay
 from sanarl.training.quantize import Int8DynamicLinear
 from sanarl.training.rollout import group_seeds

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.core.selection import select_indices
 from sanarl.errors import UserError
+from sanarl.methods.loading import load_config
 from sanarl.training import quantize
 from sanarl.training.quantize import Int8DynamicLinear, backend_for
 from sanarl.training.rollout import group_seeds

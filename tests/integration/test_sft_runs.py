@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from sanarl import api
-from sanarl.config import load_config, loads_config
+from sanarl.methods.loading import load_config, loads_config
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sanarl.config import methods as config_methods
 from sanarl.methods import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,15 +20,14 @@ from toy_method import config as toy  # noqa: E402
 SHAPES = "sanarl.datasets.shapes"
 TOY = registry.Method(
     name="toy", policy_type="sft", trainer_type="toy", task="toy_method.task:ToyTask", view=toy.view,
-    validate=toy.validate, rollout_cost=toy.rollout_cost, trained_work=toy.trained_work,
+    validate=toy.validate, warnings=toy.warnings, rollout_cost=toy.rollout_cost, trained_work=toy.trained_work,
 )  # fmt: skip
 
 
 @pytest.fixture
 def toy_registered(monkeypatch):
-    """The one registry entry (and the loader's table entry the registry fills from it)."""
+    """The one registry entry: the config loader, the CLI, the capacity plan and the trainer all read that table."""
     monkeypatch.setattr(registry, "METHODS", (*registry.METHODS, TOY))
-    monkeypatch.setitem(config_methods._METHODS, (TOY.policy_type, TOY.trainer_type), TOY.validate)
 
 
 def _args(out: Path, trainer_type: str, *extra: str) -> list[str]:

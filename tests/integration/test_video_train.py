@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.core import media
+from sanarl.methods.loading import load_config
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow

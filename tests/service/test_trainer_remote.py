@@ -18,9 +18,9 @@ import torch
 from service_helpers import PLUGIN, TOKEN, Service, body, free_port, images, require_redis
 
 from sanarl import api
-from sanarl.config import load_config
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
+from sanarl.methods.loading import load_config
 from sanarl.rewards import RewardFunction
 from sanarl.rewards.clipscore import ClipScore
 from sanarl.rewards.combine import RewardResult

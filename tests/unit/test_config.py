@@ -18,13 +18,11 @@ from sanarl.config import (
     LoraConfig,
     RewardFnConfig,
     apply_overrides,
-    check_config,
     config_to_dict,
     dump_toml,
-    load_config,
-    loads_config,
 )
 from sanarl.errors import ConfigError, UserError
+from sanarl.methods.loading import check_config, load_config, loads_config
 
 GRPO = [
     "train.train_policy.type=grpo",

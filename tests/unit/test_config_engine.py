@@ -10,12 +10,13 @@ from typing import Literal, get_args
 
 import pytest
 
-from sanarl.config import Config, check_config, loads_config
+from sanarl.config import Config
 from sanarl.config.choices import Selection, Solver, VideoReduction
 from sanarl.config.engine import Context, Engine, Hooks
 from sanarl.config.overrides import apply
 from sanarl.config.toml_dump import dump
 from sanarl.errors import ConfigError
+from sanarl.methods.loading import check_config, loads_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

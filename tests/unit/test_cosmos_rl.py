@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from sanarl.config import cosmos_rl, loads_config, resolve_plugin
+from sanarl.config import cosmos_rl, resolve_plugin
 from sanarl.config.engine import field_types as _hints
 from sanarl.config.engine import section_class as _section_cls
 from sanarl.config.loader import dump_toml
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, PluginError
+from sanarl.methods.loading import loads_config
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SCHEMA = json.loads((DATA / "cosmos_rl_schema.json").read_text())

@@ -8,13 +8,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sanarl.config import dump_toml, load_config
+from sanarl.config import dump_toml
 from sanarl.core.lora import lora_parameters
 from sanarl.errors import ConfigError, DataError
 from sanarl.evaluation.prompts import load_prompts, take
 from sanarl.evaluation.scoring import evaluate_rewards
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
 from sanarl.evaluation.weights import _add_lora
+from sanarl.methods.loading import load_config
 from sanarl.rewards.scoring import build_rewards, score_images
 from sanarl.training.checkpoint import save_checkpoint
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from sanarl.config import load_config
 from sanarl.core.flow import sigma_grid
 from sanarl.errors import ConfigError
 from sanarl.methods.flow_grpo.config import validate as check_grpo_config
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, _RatioMonitor, _signal_mask
 from sanarl.methods.flow_grpo.trajectory import sde_window, trainable_positions, trained_count
 from sanarl.methods.group_rl import set_loss_weights
+from sanarl.methods.loading import load_config
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.rollout import PromptGroup
 

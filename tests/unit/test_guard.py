@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from sanarl.config import loads_config
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.errors import ConfigError
+from sanarl.methods.loading import loads_config
 from sanarl.training.checkpoint import load_extra, save_checkpoint
 from sanarl.training.guard import Alarm, Guard, best_index, find_alarm, image_guard_stats, trained_at
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from sanarl.config import load_config
 from sanarl.config.presets import (
     copy_preset,
     data_dir,
@@ -17,6 +16,7 @@ from sanarl.config.presets import (
     shipped_presets,
 )
 from sanarl.errors import ConfigError
+from sanarl.methods.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

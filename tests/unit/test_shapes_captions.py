@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sanarl.config import load_config
 from sanarl.errors import DataError
+from sanarl.methods.loading import load_config
 from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.motion import MotionReward
 from sanarl.rewards.preflight import check_items, check_reward_prompts

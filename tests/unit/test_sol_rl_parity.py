@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sanarl.config import load_config
 from sanarl.core.flow import grid
 from sanarl.core.selection import select_indices
 from sanarl.errors import ConfigError
+from sanarl.methods.loading import load_config
 from sanarl.training.ema import old_weight_decay
 
 ROOT = Path(__file__).resolve().parents[2]

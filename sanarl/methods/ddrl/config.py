@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from sanarl.config.checks import at_least, require
 from sanarl.config.schema import Config, DDRLConfig
+from sanarl.methods.flow_grpo.config import FlowGRPOPolicy
 from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
 from sanarl.methods.flow_grpo.config import trained_work as flow_grpo_trained_work
 from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
-from sanarl.methods.group_config import GroupRLView, group_view, rollouts_for
+from sanarl.methods.group_config import GroupRLView, group_sections, keys_of, rollouts_for
 from sanarl.methods.work import GuidedRows, TrainedWork
 
 KEY = "train.train_policy.ddrl"
@@ -19,15 +20,15 @@ torch, so the value is repeated here)."""
 
 
 @dataclass(frozen=True)
-class DDRLView(GroupRLView):
-    """The group-RL sections Flow-GRPO reads, plus `[train.train_policy.ddrl]`."""
+class DDRLView(GroupRLView[FlowGRPOPolicy]):
+    """Flow-GRPO's view (DDRL's policy term is Flow-GRPO's), plus `[train.train_policy.ddrl]`."""
 
     ddrl: DDRLConfig
 
 
 def view(cfg: Config) -> DDRLView:
-    g = group_view(cfg)
-    return DDRLView(g.train_policy, g.rollout, g.diffusers, g.lora, cfg.train.train_policy.ddrl)
+    tp = cfg.train.train_policy
+    return DDRLView(keys_of(FlowGRPOPolicy, tp), *group_sections(cfg), tp.ddrl)
 
 
 def uses_data_items(cfg: Config) -> bool:
@@ -40,6 +41,11 @@ def validate(cfg: Config) -> None:
     """DDRL's cross-field checks: Flow-GRPO's (its policy term and rollout), then `[train.train_policy.ddrl]`."""
     flow_grpo_validate(cfg)
     check_ddrl_config(cfg)
+
+
+def warnings(cfg: Config) -> list[str]:
+    """DDRL warns of nothing beyond the generic notes."""
+    return []
 
 
 def check_ddrl_config(cfg: Config) -> None:

@@ -75,14 +75,14 @@ class DDRLTask(FlowGRPOTask):
     `train_on` steps, the exp-reward advantages and the moving KL reference."""
 
     view: DDRLView
+    method_checks = staticmethod(validate)
+    method_view = staticmethod(view)
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        validate(cfg)
         self._data_items = uses_data_items(cfg)  # read by _load_dataset, which the base constructor calls
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.view = view(cfg)
         self.collate = getattr(plugin, "collate", default_collate)
         self.base: torch.nn.Module | None = None
         self._items: list[dict] | None = None
@@ -275,11 +275,10 @@ class DDRLTask(FlowGRPOTask):
         metrics = {"loss": loss.item(), **{k: m[k].item() for k in ("policy_loss", "kl", "data_loss")}}
         return loss, metrics | self._ratio_metrics(m, batch["weight"])
 
-    @staticmethod
-    def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
-        """Flow-GRPO's plan with DDRL's trained steps, data term and loss."""
-        validate(cfg)
-        rows = FlowGRPOTask.describe(cfg, dataset_size, world)
+    @classmethod
+    def describe(cls, cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
+        """Flow-GRPO's plan with DDRL's trained steps, data term and loss (its checks run there, once)."""
+        rows = super().describe(cfg, dataset_size, world)
         d, tp = cfg.train.train_policy.ddrl, cfg.train.train_policy
         source = (
             "the plugin's images and captions (the captions are the prompts)"

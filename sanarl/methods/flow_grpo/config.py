@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
+    GroupPolicy,
+    GroupRLView,
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
@@ -17,8 +21,27 @@ STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
 
 
-view = group_view
-"""Its config view: the group-RL sections (group_config.GroupRLView)."""
+@dataclass
+class FlowGRPOPolicy(GroupPolicy):
+    """The group-RL keys plus Flow-GRPO's: the advantage clip's lower bound, the PPO clip range and the on-policy
+    self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in training."""
+
+    advantage_low: float
+    clip_range: float
+    ratio_warn_tolerance: float
+    sde_window_size: int
+    sde_window_range: list[int]
+    same_noise_per_group: bool
+    cps_train_last_step: bool
+    cfg_in_training: bool
+
+
+FlowGRPOView = GroupRLView[FlowGRPOPolicy]
+"""The group-RL sections with Flow-GRPO's policy keys."""
+
+
+def view(cfg: Config) -> FlowGRPOView:
+    return group_view(cfg, FlowGRPOPolicy)
 
 
 def validate(cfg: Config) -> None:
@@ -64,6 +87,16 @@ def validate(cfg: Config) -> None:
             "with solver = 'cps' the last step lands on s' = 0 deterministically, so num_steps = 1 leaves no step "
             "to train; set policy.diffusers.sample.num_steps >= 2."
         )
+
+
+def warnings(cfg: Config) -> list[str]:
+    """Valid settings that have no effect for Flow-GRPO."""
+    if cfg.policy.diffusers.sample.deterministic_sampling:
+        return [
+            "policy.diffusers.sample.deterministic_sampling = true has no effect for flow_grpo, whose rollouts "
+            "always use the stochastic `solver`."
+        ]
+    return []
 
 
 def _check_window(size: int, window_range: list[int], num_steps: int, solver: str) -> None:

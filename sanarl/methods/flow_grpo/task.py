@@ -48,7 +48,7 @@ from sanarl.core.advantages import clip_advantages
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step
-from sanarl.methods.flow_grpo.config import validate, view
+from sanarl.methods.flow_grpo.config import FlowGRPOView, validate, view
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
     sample_trajectories,
@@ -57,7 +57,6 @@ from sanarl.methods.flow_grpo.trajectory import (
     trained_count,
     trained_positions,
 )
-from sanarl.methods.group_config import GroupRLView
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
@@ -117,11 +116,13 @@ class FlowGRPOTask(GroupRLTask):
     self-check are its own."""
 
     lora_names = ("default",)
+    view: FlowGRPOView
+    method_checks = staticmethod(validate)
+    method_view = staticmethod(view)
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        validate(cfg)  # also for a config built in code, which never went through the loader
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         tp, w = self.view.train_policy, self.view.diffusers.sample.guidance_scale
         if w != 1.0 and not tp.cfg_in_training:
@@ -364,12 +365,12 @@ class FlowGRPOTask(GroupRLTask):
         """Flow-GRPO has no old adapter to move: report the step's ratio extremes and the self-check."""
         return self._ratio.metrics()
 
-    @staticmethod
-    def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
+    @classmethod
+    def describe(cls, cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (the
-        config has passed Flow-GRPO's `validate`, checked again here for a config built in code)."""
-        validate(cfg)
-        v, run = view(cfg), run_settings(cfg)
+        config has passed the method's checks, `method_checks`, run again here for a config built in code)."""
+        cls.method_checks(cfg)
+        v, run = cls.method_view(cfg), run_settings(cfg)
         tp, sample = v.train_policy, v.diffusers.sample
         k, bpr, mb, n = v.rollout.n_generation, run.batch_per_replica, run.mini_batch, sample.num_steps
         per_rank = per_rank_batch(run, world)
@@ -399,7 +400,7 @@ class FlowGRPOTask(GroupRLTask):
         ]  # fmt: skip
 
 
-def _trained_plan(v: GroupRLView) -> tuple[int, str]:
+def _trained_plan(v: FlowGRPOView) -> tuple[int, str]:
     """Steps trained per sample and why, from the config alone (for `describe`)."""
     tp, sample = v.train_policy, v.diffusers.sample
     if (

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sanarl.config.checks import at_least, require
+from sanarl.config.choices import AdvMode
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
+    GroupPolicy,
+    GroupRLView,
     check_group_rl,
     check_rollout_family,
     check_steps_per_rollout,
@@ -14,17 +19,28 @@ from sanarl.methods.group_config import (
 )
 from sanarl.methods.work import GuidedRows, TrainedWork
 
-view = group_view
-"""Its config view: the group-RL sections (group_config.GroupRLView)."""
+
+@dataclass
+class NFTPolicy(GroupPolicy):
+    """The group-RL keys plus DiffusionNFT's advantage transform."""
+
+    adv_mode: AdvMode
+
+
+NFTView = GroupRLView[NFTPolicy]
+"""The group-RL sections with DiffusionNFT's policy keys; its beta and old-adapter decay are diffusers keys."""
+
+
+def view(cfg: Config) -> NFTView:
+    return group_view(cfg, NFTPolicy)
 
 
 def validate(cfg: Config) -> None:
     """DiffusionNFT's cross-field checks (ConfigError naming the key and the fix), in the order they report."""
     check_group_rl(cfg)
-    v = view(cfg)
-    at_least(v.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
+    tp, lora = cfg.train.train_policy, cfg.policy.lora
+    at_least(cfg.policy.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
     # exactness: DiffusionNFT clips symmetrically at C = advantage_high; a separate lower bound is not honoured
-    tp = v.train_policy
     require(
         tp.advantage_low == -tp.advantage_high,
         f"train.train_policy.advantage_low = {tp.advantage_low} has no effect for diffusion_nft, which clips "
@@ -32,17 +48,22 @@ def validate(cfg: Config) -> None:
         f"set advantage_low = {-tp.advantage_high} (or use adv_mode = 'positive_only' for A >= 0).",
     )
     check_rollout_family(cfg)
-    if v.lora is None:
+    if lora is None:
         raise ConfigError(
             "trainer_type = 'diffusion_nft' trains a LoRA adapter against an 'old' one; add a [policy.lora] "
             'table (e.g. r = 4, lora_alpha = 4, lora_names = ["default", "old"]).'
         )
     require(
-        "old" in v.lora.lora_names,
-        f'`policy.lora.lora_names` = {v.lora.lora_names!r} lacks "old": DiffusionNFT keeps its behaviour policy in '
+        "old" in lora.lora_names,
+        f'`policy.lora.lora_names` = {lora.lora_names!r} lacks "old": DiffusionNFT keeps its behaviour policy in '
         'an adapter named "old"; set lora_names = ["default", "old"].',
     )
     check_steps_per_rollout(cfg)
+
+
+def warnings(cfg: Config) -> list[str]:
+    """DiffusionNFT warns of nothing beyond the generic notes."""
+    return []
 
 
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:

@@ -15,14 +15,13 @@ from typing import TypedDict
 
 import torch
 
-from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
-from sanarl.methods.nft.config import validate, view
-from sanarl.models.base import Cond, DiffusionAdapter
+from sanarl.methods.nft.config import NFTView, validate, view
+from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.quantize import model_quant_plan
@@ -54,12 +53,9 @@ class NFTTask(GroupRLTask):
     """The `grpo` / `diffusion_nft` task."""
 
     lora_names = ("default", "old")
-
-    def __init__(
-        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
-    ) -> None:
-        validate(cfg)  # also for a config built in code, which never went through the loader
-        super().__init__(cfg, adapter, plugin, rank=rank, world=world)
+    view: NFTView
+    method_checks = staticmethod(validate)
+    method_view = staticmethod(view)
 
     # --- 1-3: rollout, advantages, batches -------------------------------------------------------------------
     def _padding_batch(self) -> NFTBatch:

@@ -1,25 +1,36 @@
-"""SFT's config view (docs/algorithms.md, "SFT"); it has no checks beyond the loader's generic ones."""
+"""SFT's config view and warnings (docs/algorithms.md, "SFT"); it has no checks beyond the loader's generic ones."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sanarl.config.schema import Config, DatasetConfig, DiffusersConfig, LoraConfig
+from sanarl.config.schema import Config, DiffusersConfig
 from sanarl.methods.work import GuidedRows, TrainedWork
 
 
 @dataclass(frozen=True)
 class SFTView:
-    """The sections SFT reads: the diffusers keys (weighting scheme, caption dropout, shift, VAE latents), the
-    training dataset and the LoRA adapters (or none: full fine-tune)."""
+    """The section SFT reads: the diffusers keys (weighting scheme, caption dropout, shift, VAE latents). Its
+    dataset goes to the plugin and its LoRA is a run-level key (`training.protocol.RunSettings`)."""
 
     diffusers: DiffusersConfig
-    dataset: DatasetConfig
-    lora: LoraConfig | None
 
 
 def view(cfg: Config) -> SFTView:
-    return SFTView(cfg.policy.diffusers, cfg.train.train_policy.dataset, cfg.policy.lora)
+    return SFTView(cfg.policy.diffusers)
+
+
+def warnings(cfg: Config) -> list[str]:
+    """The `[train.train_policy]` keys of the RL methods, which SFT (and every method of type "sft") ignores."""
+    tp = cfg.train.train_policy
+    out = []
+    if tp.kl_beta > 0:
+        out.append(f"train.train_policy.kl_beta = {tp.kl_beta} has no effect for SFT; it is ignored.")
+    if tp.use_remote_reward or tp.remote_reward.reward_fns:
+        out.append(
+            "train.train_policy.remote_reward / use_remote_reward have no effect for SFT; they are ignored."
+        )
+    return out
 
 
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:

@@ -1,16 +1,19 @@
-"""SOAR's config view and checks (docs/algorithms.md, "SOAR"; docs/soar.md for the keys)."""
+"""SOAR's config view, checks and warnings (docs/algorithms.md, "SOAR"; docs/soar.md for the keys)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
+from sanarl.config.choices import LevelGrid, SoarRolloutType
 from sanarl.config.schema import Config, DiffusersConfig, SoarConfig
 from sanarl.errors import ConfigError
+from sanarl.methods.sft.config import warnings as sft_warnings
 from sanarl.methods.work import GuidedRows, TrainedWork
 
-ROLLOUT_TYPES = ("simple", "sde", "flow_sde", "cps")
+ROLLOUT_TYPES: tuple[str, ...] = get_args(SoarRolloutType)
 """Accepted `train.train_policy.soar.sde_rollout_type` values (the step of paths 1..M-1)."""
-LEVEL_GRIDS = ("scheduler_table", "continuous")
+LEVEL_GRIDS: tuple[str, ...] = get_args(LevelGrid)
 """Accepted `train.train_policy.soar.level_grid` values (how s0 and s1 are read off u and t1; `soar_levels`)."""
 SCHEDULER_TABLE_SIZE = 1000
 """Levels of HY-SOAR's training table: the `num_train_timesteps` of SD3.5's FlowMatchEulerDiscreteScheduler."""
@@ -79,6 +82,11 @@ def view(cfg: Config) -> SOARView:
 def validate(cfg: Config) -> None:
     """SOAR's own checks: every `[train.train_policy.soar]` value inside its domain."""
     check_soar_config(view(cfg).soar)
+
+
+def warnings(cfg: Config) -> list[str]:
+    """SFT's: SOAR is an SFT method (type "sft"), which ignores the RL keys."""
+    return sft_warnings(cfg)
 
 
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:

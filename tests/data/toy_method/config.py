@@ -1,4 +1,5 @@
-"""The toy method's config view and checks: SFT's sections, and a learning rate it refuses above 0.1."""
+"""The toy method's config view, checks and warnings: SFT's sections and warnings, and a learning rate it refuses
+above 0.1."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.sft.config import SFTView
 from sanarl.methods.sft.config import view as sft_view
+from sanarl.methods.sft.config import warnings as sft_warnings
 from sanarl.methods.work import GuidedRows, TrainedWork
 
 LOSS_SCALE = 2.0
@@ -21,6 +23,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.optm_lr = {cfg.train.optm_lr:g} is too high for the toy method; set it <= 0.1."
         )
+
+
+def warnings(cfg: Config) -> list[str]:
+    return sft_warnings(cfg)
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
