@@ -117,7 +117,7 @@ def build_model(med_config: Path, geometry: VitGeometry, tokenizer_dir: Path, de
     The package hard-codes `create_vit('large')` and a downloading `init_tokenizer()`; both are swapped (under a
     lock, restored after) for a ViT of `geometry` and the tokenizer of `tokenizer_dir` with BLIP's extra tokens.
     """
-    from sanarl.rewards._ir_shim import import_image_reward
+    from sanarl.rewards.scorers._ir_shim import import_image_reward
 
     ir_module, blip, vit_module = import_image_reward()
     from transformers import BertTokenizer

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards import geneval_rules as rules
 from sanarl.rewards.base import to_uint8_hwc
 from sanarl.rewards.clip_encoder import ClipEncoder
 from sanarl.rewards.model_reward import ModelReward
+from sanarl.rewards.scorers import geneval_rules as rules
 from sanarl.rewards.weights import Missing, resolve_dirs, reward_ckpts_dir
 from sanarl.worlds.geneval_templates import COCO_CLASSES, COLORS
 
