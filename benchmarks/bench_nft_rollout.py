@@ -36,7 +36,7 @@ PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-nft.toml"
 @register("bench_slow_shapes")
 def _slow_shapes(delay_s: float = 0.25) -> Reward:
     """The shapes reward behind a fixed latency per call (a stand-in for a remote reward service)."""
-    from sanarl.rewards.shapes import ShapesReward
+    from sanarl.rewards.scorers.shapes import ShapesReward
 
     class SlowShapes(ShapesReward):
         name = "bench_slow_shapes"

@@ -7,6 +7,7 @@
 
 Shipped rewards (weight-free): `jpeg_compressibility`, `jpeg_incompressibility`, `shapes`; `known_rewards()` lists
 every registered name. Importing this package imports no reward model code (rewards are registered lazily).
+The shipped scorers live in `sanarl.rewards.scorers`; the modules here are the infrastructure (docs/architecture.md).
 """
 
 from sanarl.rewards.base import Reward, RewardInputError, check_batch, check_images, to_uint8_hwc

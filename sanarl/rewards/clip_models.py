@@ -34,26 +34,35 @@ __all__ = [
 class ClipReward(ModelReward):
     """Base of the CLIP-family rewards: options, lazy local-first loading, one `ClipEncoder` in `self.encoder`.
 
+    A subclass names its checkpoint in `model_default` (and `processor_default` when its processor lives elsewhere);
+    one that takes no more options needs no constructor.
+
     Args:
-        model: CLIP model directory or Hub id.
-        processor: processor (tokenizer + image preprocessing) directory or Hub id; None = `model`.
+        model: CLIP model directory or Hub id; None = `model_default`.
+        processor: processor (tokenizer + image preprocessing) directory or Hub id; None = `processor_default`,
+            empty = `model`.
         device: where the model runs (None = the device given to `setup`, CPU by default).
         dtype: float32 | bfloat16 | float16 (features and scores are returned in float32 either way).
         batch_size: images (and prompts) per forward pass.
     """
 
     needs_text: bool = True
+    model_default: str = ""
+    """The `model` option's default: the reward's CLIP checkpoint (Hub id)."""
+    processor_default: str | None = None
+    """The `processor` option's default (None = the model's own processor)."""
 
     def __init__(
         self,
-        model: str,
-        processor: str | None,
-        device: str | torch.device | None,
-        dtype: str | torch.dtype,
-        batch_size: int,
+        model: str | None = None,
+        processor: str | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype = "float32",
+        batch_size: int = 32,
     ) -> None:
         super().__init__(device, dtype, batch_size)
-        self.model_name = str(model)
+        self.model_name = str(self.model_default if model is None else model)
+        processor = self.processor_default if processor is None else processor
         self.processor_name = str(processor) if processor else self.model_name
         self.encoder: ClipEncoder | None = None
 
@@ -84,3 +93,8 @@ class ClipReward(ModelReward):
             self.setup(self.device)
         assert self.encoder is not None
         return self.encoder
+
+    def similarity(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """cos(image, prompt) in CLIP space of each pair, `[B]` float32 (the features are unit-norm)."""
+        encoder = self._encoder()
+        return (encoder.image_features(images) * encoder.text_features(prompts)).sum(dim=-1)

@@ -4,7 +4,7 @@ images `[B, 3, H, W]` in [0, 1] -> resize the shortest side to the processor's `
 clamped back to [0, 1]) -> center crop to `crop_size` -> `(x - mean) / std`. It matches the transformers CLIP
 processor on PIL images up to the processor's uint8 rounding (exactly when no resize is needed). The CLIP rewards
 read the settings from their processor (`ImageTransform.from_processor`); hpsv2 and imagereward build them from
-their models' image size and normalisation.
+their models' image size and normalisation (`ImageTransform.square`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,14 @@ class ImageTransform:
     crop: tuple[int, int] | None
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+
+    @classmethod
+    def square(
+        cls, size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
+    ) -> ImageTransform:
+        """Shortest side to `size`, center crop `size x size`, `(x - mean) / std`: the preprocessing of a model
+        that states only its image size and normalisation (hpsv2's open_clip ViT, imagereward's BLIP ViT)."""
+        return cls(shortest_edge=size, size=None, crop=(size, size), mean=mean, std=std)
 
     @classmethod
     def from_processor(cls, processor: Any) -> ImageTransform:

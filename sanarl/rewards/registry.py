@@ -24,22 +24,22 @@ ENTRY_KEY = "train.train_policy.remote_reward.reward_fns"
 """The config key whose `name` fields are looked up here (used in error messages)."""
 
 _BUILTIN: dict[str, tuple[str, str]] = {
-    "jpeg_compressibility": ("sanarl.rewards.jpeg:JpegCompressibility", ""),
-    "jpeg_incompressibility": ("sanarl.rewards.jpeg:JpegIncompressibility", ""),
-    "shapes": ("sanarl.rewards.shapes:ShapesReward", ""),
-    "pickscore": ("sanarl.rewards.pickscore:PickScore", "pip install 'sanarl[rewards]'"),
-    "clipscore": ("sanarl.rewards.clipscore:ClipScore", "pip install 'sanarl[rewards]'"),
-    "aesthetic": ("sanarl.rewards.aesthetic:Aesthetic", "pip install 'sanarl[rewards]'"),
-    "hpsv2": ("sanarl.rewards.hpsv2:HPSv2", "pip install 'sanarl[rewards]'"),
-    "imagereward": ("sanarl.rewards.imagereward:ImageReward", "pip install 'sanarl[imagereward]'"),
-    "ocr": ("sanarl.rewards.ocr:OCRReward", "pip install 'sanarl[ocr]'"),
-    "geneval": ("sanarl.rewards.geneval:GenEvalReward", "pip install 'sanarl[geneval]'"),
-    "motion": ("sanarl.rewards.motion:MotionReward", ""),
-    "dance_grpo": ("sanarl.rewards.vlm.videoalign:VideoAlign", "pip install 'sanarl[vlm]'"),
-    "videoalign": ("sanarl.rewards.vlm.videoalign:VideoAlignAlias", "pip install 'sanarl[vlm]'"),
-    "cosmos_reason1": ("sanarl.rewards.vlm.reason1:CosmosReason1", "pip install 'sanarl[vlm]'"),
-    "hpsv3": ("sanarl.rewards.vlm.hpsv3:HPSv3", "pip install 'sanarl[vlm]'"),
-    "unified_reward": ("sanarl.rewards.vlm.unified:UnifiedReward", "pip install 'sanarl[vlm]'"),
+    "jpeg_compressibility": ("sanarl.rewards.scorers.jpeg:JpegCompressibility", ""),
+    "jpeg_incompressibility": ("sanarl.rewards.scorers.jpeg:JpegIncompressibility", ""),
+    "shapes": ("sanarl.rewards.scorers.shapes:ShapesReward", ""),
+    "pickscore": ("sanarl.rewards.scorers.pickscore:PickScore", "pip install 'sanarl[rewards]'"),
+    "clipscore": ("sanarl.rewards.scorers.clipscore:ClipScore", "pip install 'sanarl[rewards]'"),
+    "aesthetic": ("sanarl.rewards.scorers.aesthetic:Aesthetic", "pip install 'sanarl[rewards]'"),
+    "hpsv2": ("sanarl.rewards.scorers.hpsv2:HPSv2", "pip install 'sanarl[rewards]'"),
+    "imagereward": ("sanarl.rewards.scorers.imagereward:ImageReward", "pip install 'sanarl[imagereward]'"),
+    "ocr": ("sanarl.rewards.scorers.ocr:OCRReward", "pip install 'sanarl[ocr]'"),
+    "geneval": ("sanarl.rewards.scorers.geneval:GenEvalReward", "pip install 'sanarl[geneval]'"),
+    "motion": ("sanarl.rewards.scorers.motion:MotionReward", ""),
+    "dance_grpo": ("sanarl.rewards.scorers.vlm.videoalign:VideoAlign", "pip install 'sanarl[vlm]'"),
+    "videoalign": ("sanarl.rewards.scorers.vlm.videoalign:VideoAlignAlias", "pip install 'sanarl[vlm]'"),
+    "cosmos_reason1": ("sanarl.rewards.scorers.vlm.reason1:CosmosReason1", "pip install 'sanarl[vlm]'"),
+    "hpsv3": ("sanarl.rewards.scorers.vlm.hpsv3:HPSv3", "pip install 'sanarl[vlm]'"),
+    "unified_reward": ("sanarl.rewards.scorers.vlm.unified:UnifiedReward", "pip install 'sanarl[vlm]'"),
 }
 """Shipped rewards: name -> ("module:attribute", install hint for its optional packages)."""
 

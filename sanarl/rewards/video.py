@@ -4,6 +4,9 @@ A clip batch `[B, C, T, H, W]` (float in [0, 1], the layout of the reward servic
 running an image `Reward` on frames `0, stride, 2 stride, ...` of every clip at once (`[B * T', 3, H, W]`, each frame
 with its clip's prompt and metadata) and reducing the per-frame scores of each clip with `mean` / `min` / `max` /
 `median`. This is how DanceGRPO-style video RL applies image preference models to video.
+
+A video-native reward (class attribute `video_native = True`: `motion`, the vision-language judges) takes the
+clips themselves; `check_clips` is their input check.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, get_args
 import torch
 
 from sanarl.config.choices import VideoReduction
-from sanarl.rewards.base import Reward, RewardInputError
+from sanarl.rewards.base import Reward, RewardInputError, check_images
 
 REDUCTIONS: tuple[str, ...] = get_args(VideoReduction)
 
@@ -32,6 +35,24 @@ def frames_as_images(videos: torch.Tensor, stride: int = 1) -> tuple[torch.Tenso
     picked = videos[:, :, ::stride]
     batch, channels, frames, height, width = picked.shape
     return picked.permute(0, 2, 1, 3, 4).reshape(batch * frames, channels, height, width), frames
+
+
+def check_clips(clips: Any, reward: str) -> torch.Tensor:
+    """Validate clips `[B, C, T, H, W]` float in [0, 1] (C = 3, T >= 2); returns them detached and round-off clamped.
+
+    Raises:
+        RewardInputError: naming the reward, for a wrong layout, dtype or range.
+    """
+    if not isinstance(clips, torch.Tensor) or clips.ndim != 5 or clips.shape[2] < 2:
+        shape = tuple(clips.shape) if isinstance(clips, torch.Tensor) else type(clips).__name__
+        raise RewardInputError(
+            f"reward {reward!r} scores video clips, a float tensor [B, C, T, H, W] in [0, 1] with T >= 2 frames; "
+            f"got {shape}. Use it with a video model (policy.diffusers.is_video = true) or choose an image reward."
+        )
+    frames, per_clip = frames_as_images(clips)
+    checked = check_images(frames, reward)  # layout, dtype and range of every frame
+    batch, channels, height, width = clips.shape[0], clips.shape[1], clips.shape[3], clips.shape[4]
+    return checked.reshape(batch, per_clip, channels, height, width).permute(0, 2, 1, 3, 4)
 
 
 def reduce_frames(scores: torch.Tensor, batch: int, reduction: str) -> torch.Tensor:

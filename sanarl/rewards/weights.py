@@ -56,6 +56,12 @@ def reward_ckpts_dir() -> Path:
     return Path(os.environ.get("SANARL_REWARD_CKPTS", "reward_ckpts")).expanduser()
 
 
+def reward_ckpt_path(option: str | None, default: str | Path) -> Path:
+    """The checkpoint file or folder a reward's path option names (`~` expanded); when the option is unset (None or
+    empty), `default` inside `reward_ckpts_dir()`, read when asked (so `$SANARL_REWARD_CKPTS` may change in between)."""
+    return Path(option).expanduser() if option else reward_ckpts_dir() / default
+
+
 def _missing_files(directory: Path, kind: str) -> list[str]:
     """Names of the files `directory` lacks for `kind` ('model', 'processor' or 'image_processor')."""
     present = {p.name for p in directory.iterdir()} if directory.is_dir() else set()

@@ -167,7 +167,7 @@ def test_fast_window_with_one_noise_per_group(tmp_path):
 
 
 def test_zero_std_groups_are_dropped_and_counted(tmp_path, monkeypatch):
-    from sanarl.rewards import jpeg
+    from sanarl.rewards.scorers import jpeg
 
     original, calls = jpeg.jpeg_kilobytes, []
 

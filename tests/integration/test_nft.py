@@ -169,7 +169,7 @@ def test_empty_prompt_file(run_cli, tmp_path):
 
 
 def test_nan_rewards_are_dropped_and_counted(tmp_path, monkeypatch):
-    from sanarl.rewards import jpeg
+    from sanarl.rewards.scorers import jpeg
 
     original = jpeg.jpeg_kilobytes
 

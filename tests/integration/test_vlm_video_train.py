@@ -44,7 +44,7 @@ def dance_grpo_preset(directory: Path, options: str) -> Path:
 
 
 def test_tiny_video_nft_trains_on_dance_grpo_in_process(tmp_path):
-    from sanarl.rewards.vlm.tiny import ensure_tiny_videoalign
+    from sanarl.rewards.scorers.vlm.tiny import ensure_tiny_videoalign
 
     model = ensure_tiny_videoalign()
     preset = dance_grpo_preset(tmp_path, f'options = {{ model = "{model}", batch_size = 4 }}\n')

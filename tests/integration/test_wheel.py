@@ -1,6 +1,6 @@
-"""The built wheel carries the package data (presets, shipped tiny bases, prompt sets, example data, accelerate and
-reward-service configs) and stays small. scripts/check_wheel.sh (run by .ci/run) installs it outside the checkout
-and runs the CPU default from a temporary directory."""
+"""The built wheel carries every module and the package data (presets, shipped tiny bases, prompt sets, example
+data, accelerate and reward-service configs) and stays small. scripts/check_wheel.sh (run by .ci/run) installs it
+outside the checkout and runs the CPU default from a temporary directory."""
 
 from __future__ import annotations
 
@@ -60,4 +60,12 @@ def test_the_wheel_holds_every_package_data_file(tmp_path):
     assert len(data) > 60 and "sanarl/presets/tiny-shapes-sft.toml" in data
     assert [name for name in data if name not in names] == []
     assert "sanarl/config/presets.py" in names and "reward_service/configs/rewards.toml" in names
+    modules = sorted(
+        p.relative_to(source).as_posix()
+        for name in ("sanarl", "reward_service")
+        for p in (source / name).rglob("*.py")
+    )
+    assert "sanarl/rewards/scorers/vlm/qwen.py" in modules
+    # every subpackage is found by pyproject's [tool.setuptools.packages.find]
+    assert [name for name in modules if name not in names] == []
     assert wheel.stat().st_size < MAX_WHEEL_BYTES

@@ -41,10 +41,10 @@ from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
 from sanarl.rewards import RewardFunction
-from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from sanarl.rewards.pool import RewardTimeout
 from sanarl.rewards.remote import RemoteRewardError, RemoteRewardFunction
-from sanarl.rewards.shapes import ShapesReward
+from sanarl.rewards.scorers.jpeg import JpegCompressibility, JpegIncompressibility
+from sanarl.rewards.scorers.shapes import ShapesReward
 from sanarl.worlds import shapes as world
 
 pytestmark = pytest.mark.service

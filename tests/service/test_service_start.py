@@ -20,7 +20,7 @@ import redis
 import torch
 from service_helpers import TOKEN, body, free_port, http, images, require_redis
 
-from sanarl.rewards.jpeg import JpegCompressibility
+from sanarl.rewards.scorers.jpeg import JpegCompressibility
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 

@@ -27,8 +27,8 @@ from reward_service.signing import ForgedResult, genuine, open_result, result_ke
 from reward_service.supervisor import worker_slots
 from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, StopFlag, Worker, _hosted
 from sanarl.errors import ConfigError
-from sanarl.rewards.jpeg import JpegCompressibility, JpegIncompressibility
-from sanarl.rewards.shapes import ShapesReward
+from sanarl.rewards.scorers.jpeg import JpegCompressibility, JpegIncompressibility
+from sanarl.rewards.scorers.shapes import ShapesReward
 from sanarl.rewards.video import score_video
 from sanarl.worlds import shapes as world
 

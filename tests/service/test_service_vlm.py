@@ -25,14 +25,14 @@ PROMPTS = ["a red circle moves left", "a blue square moves up"]
 
 @pytest.fixture(scope="module")
 def videoreward():
-    from sanarl.rewards.vlm.tiny import ensure_tiny_videoalign
+    from sanarl.rewards.scorers.vlm.tiny import ensure_tiny_videoalign
 
     return ensure_tiny_videoalign()
 
 
 @pytest.fixture(scope="module")
 def tiny_dirs():
-    from sanarl.rewards.vlm.tiny import ensure_tiny_hpsv3, ensure_tiny_qwen_vl
+    from sanarl.rewards.scorers.vlm.tiny import ensure_tiny_hpsv3, ensure_tiny_qwen_vl
 
     return {
         "qwen2_vl": ensure_tiny_qwen_vl("qwen2_vl"),

@@ -22,10 +22,10 @@ from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
 from sanarl.methods.loading import load_config
 from sanarl.rewards import RewardFunction
-from sanarl.rewards.clipscore import ClipScore
 from sanarl.rewards.combine import RewardResult
-from sanarl.rewards.jpeg import JpegIncompressibility
 from sanarl.rewards.remote import RemoteRewardFunction
+from sanarl.rewards.scorers.clipscore import ClipScore
+from sanarl.rewards.scorers.jpeg import JpegIncompressibility
 from sanarl.rewards.video import score_video
 from sanarl.training.tracking import read_metrics
 

@@ -17,10 +17,10 @@ from PIL import Image
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards import RewardFunction, build_reward, known_rewards
-from sanarl.rewards.aesthetic import AESTHETIC_FILE, Aesthetic
 from sanarl.rewards.clip_models import ClipEncoder, ImageTransform, center_crop
-from sanarl.rewards.clipscore import ClipScore
-from sanarl.rewards.pickscore import PICKSCORE_MODEL, PICKSCORE_PROCESSOR, PickScore
+from sanarl.rewards.scorers.aesthetic import AESTHETIC_FILE, Aesthetic
+from sanarl.rewards.scorers.clipscore import ClipScore
+from sanarl.rewards.scorers.pickscore import PICKSCORE_MODEL, PICKSCORE_PROCESSOR, PickScore
 
 pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
 

@@ -246,7 +246,7 @@ def test_guard_config_is_typed_and_strict():
 
 
 def test_a_reward_key_the_reward_does_not_return_is_named_before_training():
-    from sanarl.rewards.shapes import ShapesReward
+    from sanarl.rewards.scorers.shapes import ShapesReward
     from sanarl.training.guard import check_reward_keys
 
     rewards = {"shapes": ShapesReward()}

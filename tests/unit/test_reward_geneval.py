@@ -11,10 +11,10 @@ import torch
 
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards import build_reward, known_rewards
-from sanarl.rewards import geneval_rules as rules
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.geneval import COCO_IDS, LABELS, ColorClassifier, GenEvalReward
-from sanarl.rewards.geneval_rules import Detection, Thresholds, box_iou, judge, relative_position
+from sanarl.rewards.scorers import geneval_rules as rules
+from sanarl.rewards.scorers.geneval import COCO_IDS, LABELS, ColorClassifier, GenEvalReward
+from sanarl.rewards.scorers.geneval_rules import Detection, Thresholds, box_iou, judge, relative_position
 
 pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
 
@@ -257,7 +257,7 @@ def test_coco_label_map() -> None:
 
 
 def test_detector_output_conversion_thresholds_masks_and_drops_unused_ids() -> None:
-    from sanarl.rewards.geneval import TorchvisionDetector
+    from sanarl.rewards.scorers.geneval import TorchvisionDetector
 
     masks = torch.zeros(3, 1, 4, 4)
     masks[0, 0, 1:3, 1:3] = 0.7

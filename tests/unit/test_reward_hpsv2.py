@@ -16,7 +16,7 @@ from PIL import Image
 
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards import build_reward, known_rewards
-from sanarl.rewards.hpsv2 import HPS_FILE, HPSv2
+from sanarl.rewards.scorers.hpsv2 import HPS_FILE, HPSv2
 
 pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
 

@@ -19,12 +19,12 @@ import torch
 from PIL import Image
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards import _ir_shim as shim
 from sanarl.rewards import build_reward, known_rewards
+from sanarl.rewards.scorers import _ir_shim as shim
 
 if importlib.util.find_spec("ImageReward") is None or importlib.util.find_spec("fairscale") is None:
     pytest.skip("image-reward / fairscale not installed (see docs/rewards.md)", allow_module_level=True)
-from sanarl.rewards.imagereward import ImageReward, VitGeometry, build_model, load_model  # noqa: E402
+from sanarl.rewards.scorers.imagereward import ImageReward, VitGeometry, build_model, load_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("network")  # tests/conftest.py: the network is cut
 

@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from sanarl.errors import ConfigError
 from sanarl.rewards import build_reward, known_rewards
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.ocr import OCRReward, levenshtein, normalise, ocr_score, target_of
+from sanarl.rewards.scorers.ocr import OCRReward, levenshtein, normalise, ocr_score, target_of
 
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 

@@ -26,8 +26,8 @@ from sanarl.rewards import (
     to_uint8_hwc,
     unregister,
 )
-from sanarl.rewards.jpeg import jpeg_kilobytes
-from sanarl.rewards.shapes import ShapesReward
+from sanarl.rewards.scorers.jpeg import jpeg_kilobytes
+from sanarl.rewards.scorers.shapes import ShapesReward
 from sanarl.worlds import shapes as world
 
 # ---------------------------------------------------------------- helpers
@@ -187,7 +187,7 @@ def test_builtins_are_known_and_importing_the_package_loads_no_reward_module(mon
     new = set(sys.modules) - before
     assert "sanarl.rewards.registry" in new
     assert not [m for m in new if m.split(".")[0] in ("torchvision", "open_clip", "transformers")]
-    assert not {"sanarl.rewards.jpeg", "sanarl.rewards.shapes"} & new
+    assert not {"sanarl.rewards.scorers.jpeg", "sanarl.rewards.scorers.shapes"} & new
 
 
 def test_unknown_reward_lists_known_names_and_the_key() -> None:
@@ -226,7 +226,7 @@ def test_factory_that_does_not_return_a_reward_is_a_plugin_error() -> None:
 
 def test_lazy_entries_import_on_build_and_name_missing_packages(tmp_path, monkeypatch) -> None:
     (tmp_path / "lazy_ok_mod.py").write_text(
-        "from sanarl.rewards.jpeg import JpegIncompressibility\nclass Big(JpegIncompressibility):\n    pass\n"
+        "from sanarl.rewards.scorers.jpeg import JpegIncompressibility\nclass Big(JpegIncompressibility):\n    pass\n"
     )
     (tmp_path / "lazy_heavy_mod.py").write_text("import surely_not_installed_pkg\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -11,9 +11,9 @@ import torch
 from sanarl.errors import DataError
 from sanarl.methods.loading import load_config
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.motion import MotionReward
 from sanarl.rewards.preflight import check_items, check_reward_prompts
-from sanarl.rewards.shapes import ShapesReward
+from sanarl.rewards.scorers.motion import MotionReward
+from sanarl.rewards.scorers.shapes import ShapesReward
 from sanarl.worlds import moving_shapes
 from sanarl.worlds import shapes as shapes_world
 from sanarl.worlds.shapes.captions import parse_caption, parse_motion_caption

@@ -11,7 +11,7 @@ from sanarl.datasets import shapes
 from sanarl.errors import DataError
 from sanarl.models.tiny_video import VIDEO_VOCABULARY
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.motion import MotionReward
+from sanarl.rewards.scorers.motion import MotionReward
 from sanarl.worlds import moving_shapes
 from sanarl.worlds import shapes as world
 

@@ -13,7 +13,7 @@ pytest.importorskip("torchvision")
 
 from sanarl.errors import WeightsError  # noqa: E402
 from sanarl.rewards import build_reward  # noqa: E402
-from sanarl.rewards.vlm import hpsv3, qwen, tiny, vision  # noqa: E402
+from sanarl.rewards.scorers.vlm import hpsv3, qwen, tiny, vision  # noqa: E402
 
 PROMPTS = ["a red cat", "a blue house on a hill", "x"]
 

@@ -12,7 +12,7 @@ pytest.importorskip("torchvision")
 
 from sanarl.errors import ConfigError, WeightsError  # noqa: E402
 from sanarl.rewards import build_reward  # noqa: E402
-from sanarl.rewards.vlm import qwen, reason1, tiny  # noqa: E402
+from sanarl.rewards.scorers.vlm import qwen, reason1, tiny  # noqa: E402
 
 PROMPTS = ["a red circle moves left", "a blue square", "x"]
 

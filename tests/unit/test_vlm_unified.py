@@ -18,7 +18,7 @@ pytest.importorskip("torchvision")
 
 from sanarl.errors import ConfigError, WeightsError  # noqa: E402
 from sanarl.rewards import build_reward  # noqa: E402
-from sanarl.rewards.vlm import tiny, unified  # noqa: E402
+from sanarl.rewards.scorers.vlm import tiny, unified  # noqa: E402
 
 PROMPTS = ["a red cat", "a blue house on a hill", "x"]
 

@@ -14,7 +14,7 @@ pytest.importorskip("torchvision")
 
 from sanarl.errors import ConfigError, WeightsError  # noqa: E402
 from sanarl.rewards import RewardInputError, build_reward  # noqa: E402
-from sanarl.rewards.vlm import tiny, videoalign, vision  # noqa: E402
+from sanarl.rewards.scorers.vlm import tiny, videoalign, vision  # noqa: E402
 
 PROMPTS = ["a red circle moves left", "a blue square moves up", "a green triangle"]
 
@@ -251,7 +251,7 @@ def test_forward_uses_sequential_positions_like_videoaligns_transformers_4_forwa
     """VideoAlign's forward runs the language model with position_ids=None (sequential 0..L-1 on all three M-RoPE
     axes), not the multimodal rope index; the oracle is the language model called that way on the scattered
     embeddings, and the full multimodal forward gives other numbers."""
-    from sanarl.rewards.vlm import qwen
+    from sanarl.rewards.scorers.vlm import qwen
 
     clip = clips(1)[0]
     batch = qwen.encode(reward.processor, reward.texts(PROMPTS[:1]), [reward.frames_for(clip, {})])

@@ -27,7 +27,7 @@ import torch
 from sanarl.errors import ConfigError
 from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.model_reward import parse_batch_size
-from sanarl.rewards.vlm import qwen, vision
+from sanarl.rewards.scorers.vlm import qwen, vision
 
 REASON1_MODEL = "nvidia/Cosmos-Reason1-7B-Reward"
 SYSTEM_PROMPT = "\n".join(

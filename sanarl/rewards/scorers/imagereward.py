@@ -38,7 +38,7 @@ from sanarl.rewards.weights import (
     hub_offline,
     missing_weights_error,
     read_state_dict,
-    reward_ckpts_dir,
+    reward_ckpt_path,
 )
 
 IR_FILES = ("ImageReward.pt", "med_config.json")
@@ -117,7 +117,7 @@ def build_model(med_config: Path, geometry: VitGeometry, tokenizer_dir: Path, de
     The package hard-codes `create_vit('large')` and a downloading `init_tokenizer()`; both are swapped (under a
     lock, restored after) for a ViT of `geometry` and the tokenizer of `tokenizer_dir` with BLIP's extra tokens.
     """
-    from sanarl.rewards._ir_shim import import_image_reward
+    from sanarl.rewards.scorers._ir_shim import import_image_reward
 
     ir_module, blip, vit_module = import_image_reward()
     from transformers import BertTokenizer
@@ -198,11 +198,7 @@ class ImageReward(ModelReward):
 
     def directory(self) -> Path:
         """Where ImageReward.pt and med_config.json are read from (see `checkpoint_dir`)."""
-        return (
-            Path(self.checkpoint_dir).expanduser()
-            if self.checkpoint_dir
-            else reward_ckpts_dir() / "ImageReward"
-        )
+        return reward_ckpt_path(self.checkpoint_dir, "ImageReward")
 
     def check_weights(self) -> tuple[Path, Path]:
         """(checkpoint directory, tokenizer directory), without loading; one WeightsError for everything missing."""
@@ -235,7 +231,7 @@ class ImageReward(ModelReward):
         model.blip.to(self.dtype)
         model.mlp.float()
         size = int(model.blip.visual_encoder.patch_embed.img_size[0])
-        self.transform = ImageTransform(size, None, (size, size), CLIP_MEAN, CLIP_STD)
+        self.transform = ImageTransform.square(size, CLIP_MEAN, CLIP_STD)
         self.model = model
 
     def _score(

@@ -6,7 +6,7 @@ Protocol (VideoAlign's inference, read from the checkpoint's `model_config.json`
 1. each clip is scored whole: uint8 frames `round(255 x)`; `smart_nframes` frames at `data_config.fps` (2) from
    the clip's own frame rate (metadata `video_info.video_fps` / `video_fps`, else the `video_fps` option), picked
    uniformly (`round(linspace(0, T - 1, n))`); resized by `smart_resize` to multiples of 28 within
-   [VIDEO_MIN_PIXELS, `data_config.max_frame_pixels`] (see `sanarl.rewards.vlm.vision`);
+   [VIDEO_MIN_PIXELS, `data_config.max_frame_pixels`] (see `sanarl.rewards.scorers.vlm.vision`);
 2. one user turn: the video, then the `detailed_special` prompt with the caption, whose three special tokens
    `<|VQ_reward|>`, `<|MQ_reward|>`, `<|TA_reward|>` (added to the base tokenizer) mark where the scores are read;
    the chat template with the generation prompt; right padding;
@@ -38,7 +38,7 @@ import torch
 
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.model_reward import parse_batch_size
-from sanarl.rewards.vlm import heads, qwen, vision
+from sanarl.rewards.scorers.vlm import heads, qwen, vision
 
 VIDEOREWARD_MODEL = "KwaiVGI/VideoReward"
 BASE_MODEL = "Qwen/Qwen2-VL-2B-Instruct"

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from sanarl.models.cache import cache_dir
-from sanarl.rewards.vlm.videoalign import DETAILED_SPECIAL_PROMPT
+from sanarl.rewards.scorers.vlm.videoalign import DETAILED_SPECIAL_PROMPT
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
 PADS = ("<|image_pad|>", "<|video_pad|>")
@@ -204,7 +204,7 @@ def _build_hpsv3(base: Path, target: Path) -> None:
     and a random ranknet head (HPSv3's layout: one full state dict)."""
     from safetensors.torch import load_file, save_file
 
-    from sanarl.rewards.vlm.hpsv3 import ranknet_head
+    from sanarl.rewards.scorers.vlm.hpsv3 import ranknet_head
 
     generator = torch.Generator().manual_seed(2)
     state = {}

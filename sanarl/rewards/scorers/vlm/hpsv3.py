@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from sanarl.rewards.model_reward import parse_batch_size
-from sanarl.rewards.vlm import heads, qwen, vision
-from sanarl.rewards.vlm.reason1 import pil_resize
+from sanarl.rewards.scorers.vlm import heads, qwen, vision
+from sanarl.rewards.scorers.vlm.reason1 import pil_resize
 
 HPSV3_MODEL = "MizzenAI/HPSv3"
 HPSV3_FILE = "HPSv3.safetensors"

@@ -20,29 +20,17 @@ CLIPSCORE_MODEL = "openai/clip-vit-large-patch14"
 class ClipScore(ClipReward):
     """Cosine similarity between each image and its prompt in CLIP space.
 
-    Args:
-        model: CLIP model directory or Hub id.
-        processor: processor directory or Hub id (None = the model's own).
-        device, dtype, batch_size: see `ClipReward`.
+    Options (see `ClipReward`): model (default `openai/clip-vit-large-patch14`), processor (default: the model's
+    own), device, dtype, batch_size (32).
     """
 
     name = "clipscore"
     keys = ("clipscore",)
     default_key = "clipscore"
-
-    def __init__(
-        self,
-        model: str = CLIPSCORE_MODEL,
-        processor: str | None = None,
-        device: str | None = None,
-        dtype: str = "float32",
-        batch_size: int = 32,
-    ) -> None:
-        super().__init__(model, processor, device, dtype, batch_size)
+    model_default = CLIPSCORE_MODEL
 
     def _score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
         """Images `[B, 3, H, W]` in [0, 1] and B prompts -> `{clipscore: [B]}` in [-1, 1]."""
-        encoder = self._encoder()
-        return {"clipscore": (encoder.image_features(images) * encoder.text_features(prompts)).sum(dim=-1)}
+        return {"clipscore": self.similarity(images, prompts)}

@@ -16,7 +16,7 @@ import torch
 
 from sanarl.errors import WeightsError
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.vlm import qwen
+from sanarl.rewards.scorers.vlm import qwen
 
 
 def strip_peft(key: str) -> str:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.clip_preprocess import ImageTransform
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import Missing, missing_weights_error, read_state_dict, reward_ckpts_dir
+from sanarl.rewards.weights import Missing, missing_weights_error, read_state_dict, reward_ckpt_path
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 HPS_SOURCE = "the Hugging Face repository xswu/HPSv2 (`hf download xswu/HPSv2 HPS_v2.1_compressed.pt`)"
@@ -113,7 +113,7 @@ class HPSv2(ModelReward):
 
     def checkpoint_path(self) -> Path:
         """Where the HPS checkpoint is read from (see `checkpoint`)."""
-        return Path(self.checkpoint).expanduser() if self.checkpoint else reward_ckpts_dir() / HPS_FILE
+        return reward_ckpt_path(self.checkpoint, HPS_FILE)
 
     def check_weights(self) -> Path:
         """The checkpoint file, without loading; ConfigError without open_clip, WeightsError without the file."""
@@ -144,7 +144,7 @@ class HPSv2(ModelReward):
         size = int(size[0] if isinstance(size, tuple | list) else size)
         mean = getattr(model.visual, "image_mean", None) or open_clip.OPENAI_DATASET_MEAN
         std = getattr(model.visual, "image_std", None) or open_clip.OPENAI_DATASET_STD
-        self.transform = ImageTransform(size, None, (size, size), tuple(mean), tuple(std))  # type: ignore[arg-type]
+        self.transform = ImageTransform.square(size, tuple(mean), tuple(std))  # type: ignore[arg-type]
 
     def features(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Unit-norm float32 image and text features `[B, D]` for images `[B, 3, H, W]` in [0, 1] and B prompts."""

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards import geneval_rules as rules
 from sanarl.rewards.base import to_uint8_hwc
 from sanarl.rewards.clip_encoder import ClipEncoder
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import Missing, resolve_dirs, reward_ckpts_dir
+from sanarl.rewards.scorers import geneval_rules as rules
+from sanarl.rewards.weights import Missing, resolve_dirs, reward_ckpt_path
 from sanarl.worlds.geneval_templates import COCO_CLASSES, COLORS
 
 COCO_IDS: tuple[int, ...] = (
@@ -192,11 +192,7 @@ class GenEvalReward(ModelReward):
 
     def detector_file(self) -> Path:
         """Where the detector weights are read from (see `detector_path`)."""
-        return (
-            Path(self.detector_path).expanduser()
-            if self.detector_path
-            else reward_ckpts_dir() / "geneval" / "detector.pth"
-        )
+        return reward_ckpt_path(self.detector_path, Path("geneval", "detector.pth"))
 
     def check_weights(self) -> tuple[Path, dict[str, Path]]:
         """(detector file, CLIP directories), without loading; one WeightsError for everything missing."""

@@ -18,28 +18,10 @@ from typing import Any
 import torch
 
 from sanarl.errors import DataError
-from sanarl.rewards.base import Reward, RewardInputError, check_images
-from sanarl.rewards.video import frames_as_images
+from sanarl.rewards.base import Reward, RewardInputError
+from sanarl.rewards.video import check_clips
 from sanarl.worlds import moving_shapes
 from sanarl.worlds.shapes.captions import motion_row
-
-
-def check_clips(clips: Any, reward: str) -> torch.Tensor:
-    """Validate clips `[B, C, T, H, W]` float in [0, 1] (C = 3, T >= 2); returns them detached and round-off clamped.
-
-    Raises:
-        RewardInputError: naming the reward, for a wrong layout, dtype or range.
-    """
-    if not isinstance(clips, torch.Tensor) or clips.ndim != 5 or clips.shape[2] < 2:
-        shape = tuple(clips.shape) if isinstance(clips, torch.Tensor) else type(clips).__name__
-        raise RewardInputError(
-            f"reward {reward!r} scores video clips, a float tensor [B, C, T, H, W] in [0, 1] with T >= 2 frames; "
-            f"got {shape}. Use it with a video model (policy.diffusers.is_video = true) or choose an image reward."
-        )
-    frames, per_clip = frames_as_images(clips)
-    checked = check_images(frames, reward)  # layout, dtype and range of every frame
-    batch, channels, height, width = clips.shape[0], clips.shape[1], clips.shape[3], clips.shape[4]
-    return checked.reshape(batch, per_clip, channels, height, width).permute(0, 2, 1, 3, 4)
 
 
 class MotionReward(Reward):

@@ -21,7 +21,7 @@ from torch import nn
 
 from sanarl.errors import WeightsError
 from sanarl.rewards.clip_models import ClipReward
-from sanarl.rewards.weights import Missing, read_state_dict, reward_ckpts_dir
+from sanarl.rewards.weights import Missing, read_state_dict, reward_ckpt_path
 
 AESTHETIC_CLIP = "openai/clip-vit-large-patch14"
 AESTHETIC_FILE = "sac+logos+ava1-l14-linearMSE.pth"
@@ -103,7 +103,7 @@ class Aesthetic(ClipReward):
 
     def head_path(self) -> Path:
         """Where the head file is read from (see `mlp_path`)."""
-        return Path(self.mlp_path).expanduser() if self.mlp_path else reward_ckpts_dir() / AESTHETIC_FILE
+        return reward_ckpt_path(self.mlp_path, AESTHETIC_FILE)
 
     def _head_missing(self) -> list[Missing]:
         path = self.head_path()

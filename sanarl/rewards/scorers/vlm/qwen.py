@@ -20,7 +20,7 @@ import torch
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.model_reward import ModelReward, parse_dtype
-from sanarl.rewards.motion import check_clips
+from sanarl.rewards.video import check_clips
 from sanarl.rewards.weights import (
     Missing,
     hub_offline,

@@ -36,8 +36,8 @@ import torch
 
 from sanarl.errors import ConfigError
 from sanarl.rewards.model_reward import parse_batch_size
-from sanarl.rewards.vlm import qwen, vision
-from sanarl.rewards.vlm.reason1 import pil_resize
+from sanarl.rewards.scorers.vlm import qwen, vision
+from sanarl.rewards.scorers.vlm.reason1 import pil_resize
 
 UNIFIED_MODEL = "CodeGoat24/UnifiedReward-qwen-7b"
 ENDPOINT_MODEL = "UnifiedReward-7b-v1.5"

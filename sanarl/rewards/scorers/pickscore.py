@@ -26,31 +26,19 @@ TRAINING_DIVISOR = 26.0
 class PickScore(ClipReward):
     """PickScore of each (image, prompt) pair; see the module doc for the formula and scales.
 
-    Args:
-        model: PickScore model directory or Hub id.
-        processor: CLIP-H processor directory or Hub id.
-        device, dtype, batch_size: see `ClipReward`.
+    Options (see `ClipReward`): model (default the PickScore model), processor (default the CLIP-H processor),
+    device, dtype, batch_size (32).
     """
 
     name = "pickscore"
     keys = ("pickscore", "pickscore_raw")
     default_key = "pickscore"
-
-    def __init__(
-        self,
-        model: str = PICKSCORE_MODEL,
-        processor: str = PICKSCORE_PROCESSOR,
-        device: str | None = None,
-        dtype: str = "float32",
-        batch_size: int = 32,
-    ) -> None:
-        super().__init__(model, processor, device, dtype, batch_size)
+    model_default = PICKSCORE_MODEL
+    processor_default = PICKSCORE_PROCESSOR
 
     def _score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
         """Images `[B, 3, H, W]` in [0, 1] and B prompts -> `{pickscore, pickscore_raw}`, each `[B]`."""
-        encoder = self._encoder()
-        cosine = (encoder.image_features(images) * encoder.text_features(prompts)).sum(dim=-1)
-        raw = encoder.logit_scale * cosine
+        raw = self._encoder().logit_scale * self.similarity(images, prompts)
         return {"pickscore": raw / TRAINING_DIVISOR, "pickscore_raw": raw}
