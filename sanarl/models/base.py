@@ -158,12 +158,13 @@ class DiffusionAdapter(ABC):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:
         """Load `pipeline_cls` from a local directory: the frozen text encoder and VAE in `policy.diffusers.dtype`
-        (kept on CPU with `offload`), the transformer on `device` in `transformer_dtype(policy)` (float32 master
-        weights for a full fine-tune, the frozen dtype under LoRA)."""
-        dtype = DTYPES[policy.diffusers.dtype]
-        pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtype)
+        (kept on CPU with `offload`), the transformer on `device` read straight into `transformer_dtype(policy)`
+        (float32 master weights for a full fine-tune, with no round trip through the frozen dtype; the frozen dtype
+        under LoRA)."""
+        dtypes = {"default": DTYPES[policy.diffusers.dtype], "transformer": transformer_dtype(policy)}
+        pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtypes)
         pipe.set_progress_bar_config(disable=True)
-        pipe.transformer.to(device=device, dtype=transformer_dtype(policy))
+        pipe.transformer.to(device)
         if not policy.diffusers.offload:
             pipe.vae.to(device)
             pipe.text_encoder.to(device)

@@ -28,38 +28,29 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import AdapterContract, FamilyCase, finite_records  # noqa: E402
+from adapter_contract import (  # noqa: E402
+    LENGTH,
+    PRESETS,
+    PROMPTS,
+    SHAPES,
+    SHIFTED_SCALED,
+    SQUARES,
+    STEPS,
+    AdapterContract,
+    FamilyCase,
+    ImageDataContract,
+    T5Contract,
+    finite_records,
+    no_metrics_plot,  # noqa: F401  (a fixture, autouse in this module)
+    one_thread,  # noqa: F401  (a fixture, autouse in this module)
+)
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
 
-PRESETS = ROOT / "tests" / "data" / "presets"
-SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
-SHAPES = "sanarl.datasets.shapes"
-PROMPTS = ["a red circle left of a blue square", "two green triangles"]
-SEEDS = [11, 12, 13]
-STEPS = 4
-LENGTH = 8
 TOLERANCE = 1e-4
 FLUX = "policy.model_name_or_path=sanarl-tiny:flux"
 """The override that turns an SD3 test preset into a FLUX one."""
 DEFAULT_TARGETS = "policy.lora.target_modules=[]"
 """LoRA presets: the family's default targets instead of SD3's."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads on a shared 2-core box (see test_sampler_matches_diffusers)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def _no_metrics_plot(monkeypatch):
-    """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
-    import sanarl.training.runner as runner
-
-    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
 
 
 def _policy(guidance: float = 3.5) -> PolicyConfig:
@@ -177,10 +168,11 @@ def pack_free_velocity(pipe, x, s, cond, guidance: float, transformer=None) -> t
     return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
 
 
-class TestContract(AdapterContract):
+class TestContract(AdapterContract, T5Contract, ImageDataContract):
     case = FamilyCase(
         model="sanarl-tiny:flux", pipeline="FluxPipeline", grid="linspace", guidance=3.5, text_encoders=2,
-        vae_shift=0.1159, vae_scale=0.3611, shape_64x96=(4, 16, 24),
+        latents=SHIFTED_SCALED, vae_config={"shift_factor": 0.1159, "scaling_factor": 0.3611},
+        shape_64x96=(4, 16, 24),
         size_error="not divisible by 8 \\(VAE factor 4 x 2 x 2 packing\\)",
         pipeline_latents=_pipeline_latents, direct_velocity=pack_free_velocity,
         overrides=(FLUX,), lora_overrides=(DEFAULT_TARGETS,), tolerance=TOLERANCE,
