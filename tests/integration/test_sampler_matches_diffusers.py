@@ -4,8 +4,10 @@ Oracle: the pipeline itself called the way a user calls it, with its own default
 scheduler's `set_timesteps(N)` grid), fed the adapter's prompt embeddings, the same per-sample seeds
 (`generator=[Generator().manual_seed(s), ...]`), CFG with the uncond = encoding of "" (pipeline: w > 1), and
 `output_type="latent"`. A second comparison passes `sigmas = linspace(1, 1/N, N)` to the pipeline and
-`sample.sigma_grid = "linspace"` to sanarl. The benchmark `benchmarks/bench_sampler.py` runs the same comparison
-at full size.
+`sample.sigma_grid = "linspace"` to sanarl. The grids are checked on both tiny SANA models, the final latents on
+the pixel-space one (the DC-AE one's are the adapter contract's, test_adapter.py). The benchmark
+`benchmarks/bench_sampler.py` runs the same comparison at full size (it races the pipeline rather than checking
+it, so each keeps its own pipeline call).
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ def _one_thread():
 @pytest.fixture(scope="module", params=["sanarl-tiny:shapes", "sanarl-tiny:sana-dcae"])
 def adapter(request):
     return _adapter(request.param)
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    """The pixel-space model; the DC-AE model's samples against the pipeline are the adapter contract's
+    (tests/integration/test_adapter.py)."""
+    return _adapter("sanarl-tiny:shapes")
 
 
 def _sanarl(adapter, guidance: float, grid: str | None = None) -> torch.Tensor:
@@ -119,9 +128,9 @@ def test_explicit_linspace_sigmas_match_the_linspace_grid(adapter):
 
 
 @pytest.mark.parametrize("guidance", [1.0, 4.5])
-def test_final_latents_match_the_pipeline(adapter, guidance):
-    ours, theirs = _sanarl(adapter, guidance), _diffusers(adapter, guidance)
-    assert ours.shape == theirs.shape == (len(SEEDS), *adapter.latent_shape(SIZE, SIZE))
+def test_final_latents_match_the_pipeline(shapes, guidance):
+    ours, theirs = _sanarl(shapes, guidance), _diffusers(shapes, guidance)
+    assert ours.shape == theirs.shape == (len(SEEDS), *shapes.latent_shape(SIZE, SIZE))
     assert torch.isfinite(ours).all()
     assert (ours - theirs).abs().max().item() < TOLERANCE
     # not vacuous: the same prompt with different seeds gives clearly different samples
@@ -129,7 +138,7 @@ def test_final_latents_match_the_pipeline(adapter, guidance):
         assert (ours[i] - ours[0]).abs().max().item() > 1e-2
 
 
-def test_guidance_changes_the_sample(adapter):
+def test_guidance_changes_the_sample(shapes):
     """CFG is really applied on both sides: w = 4.5 moves the latents away from w = 1 by far more than the tolerance."""
-    moved = (_sanarl(adapter, 4.5) - _sanarl(adapter, 1.0)).abs().max().item()
+    moved = (_sanarl(shapes, 4.5) - _sanarl(shapes, 1.0)).abs().max().item()
     assert moved > 100 * TOLERANCE
