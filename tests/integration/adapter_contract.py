@@ -164,24 +164,6 @@ class FamilyCase:
         return api.train(load_config(PRESETS / preset, overrides), plugin)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads on a shared 2-core box (see test_sampler_matches_diffusers).
-    A family module imports this (and `no_metrics_plot`) to run under it; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def no_metrics_plot(monkeypatch):
-    """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
-    import sanarl.training.runner as runner
-
-    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
-
-
 def finite_records(out: Path, steps: int) -> list[dict]:
     """The run's metrics: one record per step, finite losses, nonzero gradients."""
     records = read_metrics(out / "metrics.jsonl")

@@ -4,29 +4,16 @@ instruction."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from adapter_contract import SCALED, AdapterContract, FamilyCase, ImageDataContract
+from sana_family import DEFAULT_TARGETS, direct_velocity, pipeline_latents
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.models import Cond, load_adapter
 from sanarl.models.pixel_ae import PixelAutoencoder
 
-pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import (  # noqa: E402
-    SCALED,
-    AdapterContract,
-    FamilyCase,
-    ImageDataContract,
-    no_metrics_plot,  # noqa: F401  (a fixture, autouse in this module)
-    one_thread,  # noqa: F401  (a fixture, autouse in this module)
-)
-from sana_family import DEFAULT_TARGETS, direct_velocity, pipeline_latents  # noqa: E402
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
 
 class TestContract(AdapterContract, ImageDataContract):

@@ -15,35 +15,21 @@ import math
 import sys
 from pathlib import Path
 
+import adapter_contract as contract
 import numpy as np
 import pytest
 import torch
+from adapter_contract import LENGTH, PRESETS, PROMPTS, SHAPES, SQUARES, STEPS, finite_records
 
 from sanarl import api
 from sanarl.config import load_config
 from sanarl.config.schema import PolicyConfig
 from sanarl.models import load_adapter
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import (  # noqa: E402
-    LENGTH,
-    PRESETS,
-    PROMPTS,
-    SHAPES,
-    SHIFTED_SCALED,
-    SQUARES,
-    STEPS,
-    AdapterContract,
-    FamilyCase,
-    ImageDataContract,
-    T5Contract,
-    finite_records,
-    no_metrics_plot,  # noqa: F401  (a fixture, autouse in this module)
-    one_thread,  # noqa: F401  (a fixture, autouse in this module)
-)
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -168,10 +154,10 @@ def pack_free_velocity(pipe, x, s, cond, guidance: float, transformer=None) -> t
     return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
 
 
-class TestContract(AdapterContract, T5Contract, ImageDataContract):
-    case = FamilyCase(
+class TestContract(contract.AdapterContract, contract.T5Contract, contract.ImageDataContract):
+    case = contract.FamilyCase(
         model="sanarl-tiny:flux", pipeline="FluxPipeline", grid="linspace", guidance=3.5, text_encoders=2,
-        latents=SHIFTED_SCALED, vae_config={"shift_factor": 0.1159, "scaling_factor": 0.3611},
+        latents=contract.SHIFTED_SCALED, vae_config={"shift_factor": 0.1159, "scaling_factor": 0.3611},
         shape_64x96=(4, 16, 24),
         size_error="not divisible by 8 \\(VAE factor 4 x 2 x 2 packing\\)",
         pipeline_latents=_pipeline_latents, direct_velocity=pack_free_velocity,

@@ -19,7 +19,7 @@ import torch
 from sanarl.config.schema import PolicyConfig
 from sanarl.training.sampling import GenerationSpec, generate_latents
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 STEPS = 5
 SIZE = 32
@@ -37,16 +37,6 @@ def _adapter(model: str):
     adapter = load_adapter(policy)
     adapter.transformer.eval()
     return adapter
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box OpenMP's default spin-wait makes
-    2 threads up to ~30x slower than 1 whenever another process holds a core. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=["sanarl-tiny:shapes", "sanarl-tiny:sana-dcae"])

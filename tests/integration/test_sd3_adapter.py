@@ -14,9 +14,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import adapter_contract as contract
 import numpy as np
 import pytest
 import torch
+from adapter_contract import LENGTH, PRESETS, PROMPTS, SEEDS, SHAPES, STEPS, finite_records
 
 from sanarl import api
 from sanarl.config import load_config
@@ -24,26 +26,10 @@ from sanarl.config.schema import PolicyConfig
 from sanarl.models import load_adapter
 from sanarl.training.sampling import GenerationSpec, generate_latents
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import (  # noqa: E402
-    LENGTH,
-    PRESETS,
-    PROMPTS,
-    SEEDS,
-    SHAPES,
-    SHIFTED_SCALED,
-    STEPS,
-    AdapterContract,
-    FamilyCase,
-    ImageDataContract,
-    T5Contract,
-    finite_records,
-    no_metrics_plot,  # noqa: F401  (a fixture, autouse in this module)
-    one_thread,  # noqa: F401  (a fixture, autouse in this module)
-)
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
 
 
@@ -81,21 +67,22 @@ def _direct_velocity(pipe, x, s, cond, guidance: float) -> torch.Tensor:
     )[0]
 
 
-def _case(tiny: str) -> FamilyCase:
-    return FamilyCase(
+def _case(tiny: str) -> contract.FamilyCase:
+    return contract.FamilyCase(
         model=f"sanarl-tiny:{tiny}", pipeline="StableDiffusion3Pipeline", grid="flow_match_euler", guidance=4.5,
-        text_encoders=3, latents=SHIFTED_SCALED, vae_config={"shift_factor": 0.0609, "scaling_factor": 1.5305},
-        shape_64x96=(4, 16, 24),
+        text_encoders=3, latents=contract.SHIFTED_SCALED,
+        vae_config={"shift_factor": 0.0609, "scaling_factor": 1.5305}, shape_64x96=(4, 16, 24),
         size_error="not divisible by 8 \\(VAE factor 4 x patch size 2\\)",
-        pipeline_latents=_pipeline_latents, direct_velocity=_direct_velocity, lora_targets=(".attn.add_q_proj.lora_A",),
+        pipeline_latents=_pipeline_latents, direct_velocity=_direct_velocity,
+        lora_targets=(".attn.add_q_proj.lora_A",),
     )  # fmt: skip
 
 
-class TestMediumContract(AdapterContract, T5Contract, ImageDataContract):
+class TestMediumContract(contract.AdapterContract, contract.T5Contract, contract.ImageDataContract):
     case = _case("sd3")
 
 
-class TestLargeContract(AdapterContract, T5Contract, ImageDataContract):
+class TestLargeContract(contract.AdapterContract, contract.T5Contract, contract.ImageDataContract):
     case = _case("sd35l")
 
 

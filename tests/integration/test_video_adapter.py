@@ -6,28 +6,15 @@ moving-shapes model's position code.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from adapter_contract import PER_CHANNEL, SHAPES, AdapterContract, FamilyCase
+from sana_family import DEFAULT_TARGETS, direct_velocity, pipeline_latents
 
 from sanarl.errors import ConfigError
 
-pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import (  # noqa: E402
-    PER_CHANNEL,
-    SHAPES,
-    AdapterContract,
-    FamilyCase,
-    no_metrics_plot,  # noqa: F401  (a fixture, autouse in this module)
-    one_thread,  # noqa: F401  (a fixture, autouse in this module)
-)
-from sana_family import DEFAULT_TARGETS, direct_velocity, pipeline_latents  # noqa: E402
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
 FRAMES = 9
 """`inference_frames`: 1 + 2 x 4 (the Wan VAE's temporal factor)."""
