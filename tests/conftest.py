@@ -16,6 +16,28 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (`pytest.mark.usefixtures("one_thread")`), restored afterwards: tiny models
+    gain nothing from more, and on a shared 2-core box OpenMP's default spin-wait makes 2 threads up to ~30x slower
+    than 1 whenever another process holds a core."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_metrics_plot(monkeypatch):
+    """The run's metrics.png is not drawn (about 2 s of matplotlib per run; tests/integration/test_sft_runs.py tests
+    it)."""
+    import sanarl.training.runner as runner
+
+    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
+
+
 @pytest.fixture
 def run_cli(capsys):
     """Run the sanarl CLI in-process: returns (exit code, stdout, stderr)."""

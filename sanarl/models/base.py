@@ -158,12 +158,13 @@ class DiffusionAdapter(ABC):
     @classmethod
     def load(cls, directory: Path, policy: PolicyConfig, device: torch.device) -> DiffusionAdapter:
         """Load `pipeline_cls` from a local directory: the frozen text encoder and VAE in `policy.diffusers.dtype`
-        (kept on CPU with `offload`), the transformer on `device` in `transformer_dtype(policy)` (float32 master
-        weights for a full fine-tune, the frozen dtype under LoRA)."""
-        dtype = DTYPES[policy.diffusers.dtype]
-        pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtype)
+        (kept on CPU with `offload`), the transformer on `device` read straight into `transformer_dtype(policy)`
+        (float32 master weights for a full fine-tune, with no round trip through the frozen dtype; the frozen dtype
+        under LoRA)."""
+        dtypes = {"default": DTYPES[policy.diffusers.dtype], "transformer": transformer_dtype(policy)}
+        pipe = cls.pipeline_cls.from_pretrained(str(directory), dtype=dtypes)
         pipe.set_progress_bar_config(disable=True)
-        pipe.transformer.to(device=device, dtype=transformer_dtype(policy))
+        pipe.transformer.to(device)
         if not policy.diffusers.offload:
             pipe.vae.to(device)
             pipe.text_encoder.to(device)
@@ -281,7 +282,13 @@ class DiffusionAdapter(ABC):
         guidance_scale: float,
         module: nn.Module | None = None,
     ) -> torch.Tensor:
-        """CFG velocity v_u + w (v_c - v_u), batching both branches in one forward; w == 1 -> v_c only."""
+        """CFG velocity v_u + w (v_c - v_u), batching both branches in one forward; w == 1 -> v_c only.
+
+        A guidance-distilled family (`cfg_batch` False) runs one forward with w in its guidance embedding
+        (`_embedded_forward`) and does not use `uncond`."""
+        if not self.cfg_batch:
+            s, module = self._call_inputs(x, s, module)
+            return self._embedded_forward(module, x, s, cond.expand_to(x.shape[0]), guidance_scale).float()
         if uncond is None or guidance_scale == 1.0:
             return self.velocity(x, s, cond, module)
         batch = x.shape[0]
@@ -290,6 +297,12 @@ class DiffusionAdapter(ABC):
         v = self.velocity(torch.cat([x, x]), torch.cat([s, s]), both, module)
         v_u, v_c = v.chunk(2)
         return cfg_velocity(v_u, v_c, guidance_scale)
+
+    def _embedded_forward(
+        self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond, guidance: float
+    ) -> torch.Tensor:
+        """The raw model call with `guidance` in the model's guidance embedding (families with `cfg_batch` False)."""
+        raise NotImplementedError(f"{type(self).__name__} runs CFG batches; it has no embedded guidance")
 
     @contextmanager
     def resident(self, module: nn.Module) -> Iterator[None]:

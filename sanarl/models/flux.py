@@ -128,24 +128,12 @@ class FluxAdapter(DiffusionAdapter):
             )
         return Cond(embeds=embeds, mask=None, pooled=pooled)
 
-    def guided_velocity(
-        self,
-        x: torch.Tensor,
-        s: torch.Tensor,
-        cond: Cond,
-        uncond: Cond | None,
-        guidance_scale: float,
-        module: nn.Module | None = None,
-    ) -> torch.Tensor:
-        """One forward with `guidance_scale` in the guidance embedding; `uncond` is not used (no CFG batch)."""
-        s, module = self._call_inputs(x, s, module)
-        return self._call(module, x, s, cond.expand_to(x.shape[0]), guidance_scale).float()
-
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        """`velocity`'s call: at the configured embedded guidance (`sample.guidance_scale`)."""
-        return self._call(module, x, s, cond, self.guidance)
+        """`velocity`'s call: at the configured embedded guidance (`sample.guidance_scale`); `guided_velocity`
+        calls `_embedded_forward` at its own scale (one forward, no CFG batch)."""
+        return self._embedded_forward(module, x, s, cond, self.guidance)
 
-    def _call(
+    def _embedded_forward(
         self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond, guidance: float
     ) -> torch.Tensor:
         """Pack x [B, C, h, w], run the transformer at timestep s with the position ids, unpack the velocity."""

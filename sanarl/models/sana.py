@@ -39,22 +39,23 @@ def pipeline_instruction(pipeline_cls: type = SanaPipeline) -> list[str] | None:
     return inspect.signature(pipeline_cls.__call__).parameters["complex_human_instruction"].default
 
 
-class SanaAdapter(DiffusionAdapter):
-    """Adapter over a loaded SanaPipeline; the transformer is the trained module."""
+class GemmaSanaAdapter(DiffusionAdapter):
+    """What SANA and SANA-Video share: Gemma-2 prompts through the pipeline's own `encode_prompt` (with its complex
+    human instruction when `complex_human_instruction` is on) and the transformer called with the text mask as
+    `encoder_attention_mask`; a subclass sets `pipeline_cls` and, where its pipeline scales it, `_timestep`."""
 
-    family = "sana"
-    pipeline_cls = SanaPipeline
     default_lora_targets = SANA_LORA_TARGETS
 
     def __init__(self, pipeline: SanaPipeline, policy: PolicyConfig, device: torch.device) -> None:
         super().__init__()
         self._bind(pipeline, policy, device)
         self.text_encoder = pipeline.text_encoder
-        self.instruction = pipeline_instruction() if policy.diffusers.complex_human_instruction else None
+        on = policy.diffusers.complex_human_instruction
+        self.instruction = pipeline_instruction(self.pipeline_cls) if on else None
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
-        """Gemma-2 hidden states [B, L, D] and mask [B, L], as SanaPipeline.encode_prompt computes them (with the
+        """Gemma-2 hidden states [B, L, D] and mask [B, L], as the pipeline's `encode_prompt` computes them (with the
         pipeline's complex human instruction when `complex_human_instruction` is on)."""
         with self.resident(self.text_encoder):
             embeds, mask, _, _ = self.pipeline.encode_prompt(
@@ -66,19 +67,33 @@ class SanaAdapter(DiffusionAdapter):
             )
         return Cond(embeds=embeds, mask=mask)
 
+    def _timestep(self, s: torch.Tensor) -> torch.Tensor:
+        """The model timestep of levels s: 1000 s (`model_time`)."""
+        return self.model_time(s)
+
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        scale = self.transformer.config.timestep_scale
         dtype = next(self.transformer.parameters()).dtype
         out = module(
             x.to(dtype),
             encoder_hidden_states=cond.embeds.to(dtype),
             encoder_attention_mask=cond.mask,
-            timestep=self.model_time(s) * scale,
+            timestep=self._timestep(s),
             return_dict=False,
         )[0]
         if self.transformer.config.out_channels // 2 == self.transformer.config.in_channels:
             out = out.chunk(2, dim=1)[0]  # learned-sigma heads: keep the velocity half
         return out
+
+
+class SanaAdapter(GemmaSanaAdapter):
+    """Adapter over a loaded SanaPipeline; the transformer is the trained module."""
+
+    family = "sana"
+    pipeline_cls = SanaPipeline
+
+    def _timestep(self, s: torch.Tensor) -> torch.Tensor:
+        """1000 s times the transformer's `timestep_scale`, as `SanaPipeline.__call__` passes it."""
+        return self.model_time(s) * self.transformer.config.timestep_scale
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,7 @@ from torch import nn
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
 from sanarl.models import tiny_video  # noqa: F401  (diffusers loads the pixel-space VAE by this module name)
-from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.models.sana import SANA_LORA_TARGETS, pipeline_instruction
+from sanarl.models.sana import GemmaSanaAdapter
 
 FRAMES_KEY = "policy.diffusers.inference_frames"
 
@@ -51,49 +50,18 @@ def latent_stats(vae: nn.Module, channels: int) -> tuple[torch.Tensor, torch.Ten
     ).flatten()
 
 
-class SanaVideoAdapter(DiffusionAdapter):
+class SanaVideoAdapter(GemmaSanaAdapter):
     """Adapter over a loaded SanaVideoPipeline; the transformer is the trained module."""
 
     family = "sana_video"
     pipeline_cls = SanaVideoPipeline
-    default_lora_targets = SANA_LORA_TARGETS
 
     def __init__(self, pipeline: SanaVideoPipeline, policy: PolicyConfig, device: torch.device) -> None:
-        super().__init__()
-        self._bind(pipeline, policy, device)
-        self.text_encoder = pipeline.text_encoder
-        diff = policy.diffusers
-        self.instruction = pipeline_instruction(SanaVideoPipeline) if diff.complex_human_instruction else None
-        self.frames = diff.inference_frames
+        super().__init__(pipeline, policy, device)
+        self.frames = policy.diffusers.inference_frames
         self.temporal_factor, self.spatial_factor = vae_factors(self.vae)
         channels = self.transformer.config.in_channels
         self.latents_mean, self.latents_std = latent_stats(self.vae, channels)
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> Cond:
-        """Gemma-2 hidden states [B, L, D] and mask [B, L], as SanaVideoPipeline.encode_prompt computes them."""
-        with self.resident(self.text_encoder):
-            embeds, mask, _, _ = self.pipeline.encode_prompt(
-                list(prompts),
-                do_classifier_free_guidance=False,
-                device=self.device,
-                max_sequence_length=self.max_prompt_length,
-                complex_human_instruction=self.instruction,
-            )
-        return Cond(embeds=embeds, mask=mask)
-
-    def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        dtype = next(self.transformer.parameters()).dtype
-        out = module(
-            x.to(dtype),
-            encoder_hidden_states=cond.embeds.to(dtype),
-            encoder_attention_mask=cond.mask,
-            timestep=self.model_time(s),
-            return_dict=False,
-        )[0]
-        if self.transformer.config.out_channels // 2 == self.transformer.config.in_channels:
-            out = out.chunk(2, dim=1)[0]  # learned-sigma heads: keep the velocity half
-        return out
 
     def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """mean, std shaped [1, C, 1, 1, 1] on `like`'s device and dtype."""

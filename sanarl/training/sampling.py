@@ -13,6 +13,12 @@ from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
 
 
+def grid_shift(adapter: DiffusionAdapter, flow_shift: float | None, height: int, width: int) -> float:
+    """The grid shift for media of height x width: `sample.flow_shift` when set, else the model's own for that size
+    (`adapter.shift_for`)."""
+    return flow_shift if flow_shift is not None else adapter.shift_for(height, width)
+
+
 @dataclass
 class GenerationSpec:
     """How to generate: steps, CFG weight, solver (and eta), grid shift, image size [H, W] and the grid's name
@@ -45,7 +51,7 @@ class GenerationSpec:
             guidance_scale=sample.guidance_scale,
             solver=solver,
             eta=sample.noise_level if solver in ("flow_sde", "cps") else 0.0,
-            shift=sample.flow_shift if sample.flow_shift is not None else adapter.shift_for(*size),
+            shift=grid_shift(adapter, sample.flow_shift, *size),
             height=size[0],
             width=size[1],
             grid=adapter.grid_name(sample.sigma_grid),
@@ -68,11 +74,18 @@ def generate_latents(
     return_trajectory: bool = False,
     window: tuple[int, int] | None = None,
     module: torch.nn.Module | None = None,
+    start: torch.Tensor | None = None,
 ) -> SampleOutput:
     """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1;
-    `module` samples with another copy of the transformer (default: the trained one, its active adapter)."""
+    `module` samples with another copy of the transformer (default: the trained one, its active adapter).
+
+    `return_trajectory` keeps every state (`SampleOutput.trajectory`); `start` [1, ...] is a start noise every
+    sample shares (Flow-GRPO's `same_noise_per_group`) in place of the seeds' own, whose generators still draw the
+    stochastic steps' noise."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
+    if start is not None:
+        x = start.expand_as(x).clone()
     sigmas = spec.sigmas(adapter, device=adapter.device)
     if uncond is None:
         uncond = adapter.uncond_for(spec.guidance_scale)

@@ -1,15 +1,30 @@
-"""The SANA adapter on tiny pipelines: the model call matches the diffusers convention, CFG, latents, offload."""
+"""The SANA adapter on tiny pipelines: the adapter contract on the tiny SANA with a DC-AE (`sanarl-tiny:sana-dcae`),
+then what only SANA has: the model call with the text mask, CFG batching, the pixel autoencoder, the complex human
+instruction."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from adapter_contract import SCALED, AdapterContract, FamilyCase, ImageDataContract
+from sana_family import DEFAULT_TARGETS, direct_velocity, pipeline_latents
 
 from sanarl.config.schema import PolicyConfig
 from sanarl.models import Cond, load_adapter
 from sanarl.models.pixel_ae import PixelAutoencoder
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
+
+
+class TestContract(AdapterContract, ImageDataContract):
+    case = FamilyCase(
+        model="sanarl-tiny:sana-dcae", pipeline="SanaPipeline", grid="flow_match_euler", guidance=4.5,
+        text_encoders=1, latents=SCALED, vae_config={"scaling_factor": 0.41}, shape_64x96=(4, 16, 24),
+        size_error="34x32 is not divisible by the VAE factor 4", bad_size=(34, 32), pipeline_latents=pipeline_latents,
+        direct_velocity=direct_velocity, diffusers={"complex_human_instruction": False},
+        lora_overrides=(DEFAULT_TARGETS,), lora_targets=("attn1.to_q.lora_A", "attn2.to_out.0.lora_B"),
+        lora_untouched=("ff.",),  # the attention projections only
+    )  # fmt: skip
 
 
 def policy(name: str, **diff) -> PolicyConfig:
@@ -55,13 +70,6 @@ def test_guided_velocity_is_the_cfg_formula(dcae):
     assert torch.equal(dcae.guided_velocity(x, s, cond, uncond, 1.0), v_c)
 
 
-def test_dcae_latents_are_scaled_by_the_vae_factor(dcae):
-    images = torch.rand(2, 3, 32, 32)
-    raw = dcae.vae.encode(2 * images - 1).latent
-    assert torch.allclose(dcae.encode_images(images), raw * dcae.vae.config.scaling_factor)
-    assert dcae.decode(dcae.encode_images(images)).shape == images.shape
-
-
 def test_pixel_autoencoder_is_exactly_invertible():
     ae = PixelAutoencoder(factor=2)
     x = torch.rand(2, 3, 8, 8) * 2 - 1
@@ -71,13 +79,6 @@ def test_pixel_autoencoder_is_exactly_invertible():
                                        x[0, 0, 1, 1].item()]  # fmt: skip
     with pytest.raises(ValueError, match="power of two"):
         PixelAutoencoder(factor=3)
-
-
-def test_offload_keeps_frozen_parts_on_cpu_and_gives_the_same_numbers(dcae):
-    off = load_adapter(policy("sana-dcae", offload=True))
-    cond_a, cond_b = dcae.encode_prompts(["a red circle"]), off.encode_prompts(["a red circle"])
-    assert torch.equal(cond_a.embeds, cond_b.embeds)
-    assert next(off.text_encoder.parameters()).device.type == "cpu"
 
 
 def test_shapes_vocabulary_covers_every_caption():

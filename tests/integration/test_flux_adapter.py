@@ -15,51 +15,28 @@ import math
 import sys
 from pathlib import Path
 
+import adapter_contract as contract
 import numpy as np
 import pytest
 import torch
+from adapter_contract import LENGTH, PRESETS, PROMPTS, SHAPES, SQUARES, STEPS, finite_records
 
 from sanarl import api
 from sanarl.config.schema import PolicyConfig
 from sanarl.methods.loading import load_config
 from sanarl.models import load_adapter
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import AdapterContract, FamilyCase, finite_records  # noqa: E402
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
 
-PRESETS = ROOT / "tests" / "data" / "presets"
-SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
-SHAPES = "sanarl.datasets.shapes"
-PROMPTS = ["a red circle left of a blue square", "two green triangles"]
-SEEDS = [11, 12, 13]
-STEPS = 4
-LENGTH = 8
 TOLERANCE = 1e-4
 FLUX = "policy.model_name_or_path=sanarl-tiny:flux"
 """The override that turns an SD3 test preset into a FLUX one."""
 DEFAULT_TARGETS = "policy.lora.target_modules=[]"
 """LoRA presets: the family's default targets instead of SD3's."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads on a shared 2-core box (see test_sampler_matches_diffusers)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def _no_metrics_plot(monkeypatch):
-    """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
-    import sanarl.training.runner as runner
-
-    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
 
 
 def _policy(guidance: float = 3.5) -> PolicyConfig:
@@ -177,10 +154,11 @@ def pack_free_velocity(pipe, x, s, cond, guidance: float, transformer=None) -> t
     return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)
 
 
-class TestContract(AdapterContract):
-    case = FamilyCase(
+class TestContract(contract.AdapterContract, contract.T5Contract, contract.ImageDataContract):
+    case = contract.FamilyCase(
         model="sanarl-tiny:flux", pipeline="FluxPipeline", grid="linspace", guidance=3.5, text_encoders=2,
-        vae_shift=0.1159, vae_scale=0.3611, shape_64x96=(4, 16, 24),
+        latents=contract.SHIFTED_SCALED, vae_config={"shift_factor": 0.1159, "scaling_factor": 0.3611},
+        shape_64x96=(4, 16, 24),
         size_error="not divisible by 8 \\(VAE factor 4 x 2 x 2 packing\\)",
         pipeline_latents=_pipeline_latents, direct_velocity=pack_free_velocity,
         overrides=(FLUX,), lora_overrides=(DEFAULT_TARGETS,), tolerance=TOLERANCE,

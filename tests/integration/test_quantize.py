@@ -24,19 +24,11 @@ from sanarl.training import quantize
 from sanarl.training.quantize import Int8DynamicLinear, backend_for
 from sanarl.training.rollout import group_seeds
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "tests" / "data" / "presets" / "sd3-nft.toml"
 TOLERANCE = 0.05
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _hand_int8(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

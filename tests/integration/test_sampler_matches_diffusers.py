@@ -4,8 +4,10 @@ Oracle: the pipeline itself called the way a user calls it, with its own default
 scheduler's `set_timesteps(N)` grid), fed the adapter's prompt embeddings, the same per-sample seeds
 (`generator=[Generator().manual_seed(s), ...]`), CFG with the uncond = encoding of "" (pipeline: w > 1), and
 `output_type="latent"`. A second comparison passes `sigmas = linspace(1, 1/N, N)` to the pipeline and
-`sample.sigma_grid = "linspace"` to sanarl. The benchmark `benchmarks/bench_sampler.py` runs the same comparison
-at full size.
+`sample.sigma_grid = "linspace"` to sanarl. The grids are checked on both tiny SANA models, the final latents on
+the pixel-space one (the DC-AE one's are the adapter contract's, test_adapter.py). The benchmark
+`benchmarks/bench_sampler.py` runs the same comparison at full size (it races the pipeline rather than checking
+it, so each keeps its own pipeline call).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from sanarl.config.schema import PolicyConfig
 from sanarl.training.sampling import GenerationSpec, generate_latents
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 STEPS = 5
 SIZE = 32
@@ -37,19 +39,16 @@ def _adapter(model: str):
     return adapter
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box OpenMP's default spin-wait makes
-    2 threads up to ~30x slower than 1 whenever another process holds a core. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module", params=["sanarl-tiny:shapes", "sanarl-tiny:sana-dcae"])
 def adapter(request):
     return _adapter(request.param)
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    """The pixel-space model; the DC-AE model's samples against the pipeline are the adapter contract's
+    (tests/integration/test_adapter.py)."""
+    return _adapter("sanarl-tiny:shapes")
 
 
 def _sanarl(adapter, guidance: float, grid: str | None = None) -> torch.Tensor:
@@ -119,9 +118,9 @@ def test_explicit_linspace_sigmas_match_the_linspace_grid(adapter):
 
 
 @pytest.mark.parametrize("guidance", [1.0, 4.5])
-def test_final_latents_match_the_pipeline(adapter, guidance):
-    ours, theirs = _sanarl(adapter, guidance), _diffusers(adapter, guidance)
-    assert ours.shape == theirs.shape == (len(SEEDS), *adapter.latent_shape(SIZE, SIZE))
+def test_final_latents_match_the_pipeline(shapes, guidance):
+    ours, theirs = _sanarl(shapes, guidance), _diffusers(shapes, guidance)
+    assert ours.shape == theirs.shape == (len(SEEDS), *shapes.latent_shape(SIZE, SIZE))
     assert torch.isfinite(ours).all()
     assert (ours - theirs).abs().max().item() < TOLERANCE
     # not vacuous: the same prompt with different seeds gives clearly different samples
@@ -129,7 +128,7 @@ def test_final_latents_match_the_pipeline(adapter, guidance):
         assert (ours[i] - ours[0]).abs().max().item() > 1e-2
 
 
-def test_guidance_changes_the_sample(adapter):
+def test_guidance_changes_the_sample(shapes):
     """CFG is really applied on both sides: w = 4.5 moves the latents away from w = 1 by far more than the tolerance."""
-    moved = (_sanarl(adapter, 4.5) - _sanarl(adapter, 1.0)).abs().max().item()
+    moved = (_sanarl(shapes, 4.5) - _sanarl(shapes, 1.0)).abs().max().item()
     assert moved > 100 * TOLERANCE

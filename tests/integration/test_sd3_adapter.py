@@ -14,9 +14,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import adapter_contract as contract
 import numpy as np
 import pytest
 import torch
+from adapter_contract import LENGTH, PRESETS, PROMPTS, SEEDS, SHAPES, STEPS, finite_records
 
 from sanarl import api
 from sanarl.config.schema import PolicyConfig
@@ -24,37 +26,11 @@ from sanarl.methods.loading import load_config
 from sanarl.models import load_adapter
 from sanarl.training.sampling import GenerationSpec, generate_latents
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
-from adapter_contract import AdapterContract, FamilyCase, finite_records  # noqa: E402
 from rollout_families import FAMILIES, check_family_run, record_compiles  # noqa: E402
-
-PRESETS = ROOT / "tests" / "data" / "presets"
-SQUARES = str(ROOT / "tests" / "data" / "plugins" / "squares.py")
-SHAPES = "sanarl.datasets.shapes"
-PROMPTS = ["a red circle left of a blue square", "two green triangles"]
-SEEDS = [11, 12, 13]
-STEPS = 4
-LENGTH = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads on a shared 2-core box (see test_sampler_matches_diffusers)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def _no_metrics_plot(monkeypatch):
-    """metrics.png costs ~2 s of matplotlib per run and is tested elsewhere (test_sft_runs.py): skipped here."""
-    import sanarl.training.runner as runner
-
-    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
 
 
 @pytest.fixture(scope="module", params=["sd3", "sd35l"], ids=["medium", "large"])
@@ -91,20 +67,22 @@ def _direct_velocity(pipe, x, s, cond, guidance: float) -> torch.Tensor:
     )[0]
 
 
-def _case(tiny: str) -> FamilyCase:
-    return FamilyCase(
+def _case(tiny: str) -> contract.FamilyCase:
+    return contract.FamilyCase(
         model=f"sanarl-tiny:{tiny}", pipeline="StableDiffusion3Pipeline", grid="flow_match_euler", guidance=4.5,
-        text_encoders=3, vae_shift=0.0609, vae_scale=1.5305, shape_64x96=(4, 16, 24),
+        text_encoders=3, latents=contract.SHIFTED_SCALED,
+        vae_config={"shift_factor": 0.0609, "scaling_factor": 1.5305}, shape_64x96=(4, 16, 24),
         size_error="not divisible by 8 \\(VAE factor 4 x patch size 2\\)",
-        pipeline_latents=_pipeline_latents, direct_velocity=_direct_velocity, lora_targets=(".attn.add_q_proj.lora_A",),
+        pipeline_latents=_pipeline_latents, direct_velocity=_direct_velocity,
+        lora_targets=(".attn.add_q_proj.lora_A",),
     )  # fmt: skip
 
 
-class TestMediumContract(AdapterContract):
+class TestMediumContract(contract.AdapterContract, contract.T5Contract, contract.ImageDataContract):
     case = _case("sd3")
 
 
-class TestLargeContract(AdapterContract):
+class TestLargeContract(contract.AdapterContract, contract.T5Contract, contract.ImageDataContract):
     case = _case("sd35l")
 
 
@@ -232,21 +210,6 @@ def test_integer_timesteps_while_sampling_and_the_float_in_training(sd3):
     assert torch.equal(trained, 1000.0 * s) and trained[0].item() != int(trained[0].item())
     assert not sd3.integer_timesteps  # restored after sampling
     assert (ours - _sanarl(sd3, 1.0)).abs().max().item() > 1e-6  # the float timesteps really differ
-
-
-# --- latents ------------------------------------------------------------------------------------------------------
-def test_offload_keeps_the_text_encoders_and_vae_on_cpu_with_the_same_numbers(sd3, tiny):
-    policy = PolicyConfig(model_name_or_path=f"sanarl-tiny:{tiny}")
-    policy.diffusers.max_prompt_length = LENGTH
-    policy.diffusers.offload = True
-    off = load_adapter(policy)
-    assert off.offload and len(off.text_encoders) == 3
-    cond, ref = off.encode_prompts(PROMPTS), sd3.encode_prompts(PROMPTS)
-    assert torch.equal(cond.embeds, ref.embeds) and torch.equal(cond.pooled, ref.pooled)
-    images = torch.rand(1, 3, 32, 32)
-    assert torch.equal(off.encode_images(images), sd3.encode_images(images))
-    frozen = [off.vae, *off.text_encoders]
-    assert all(next(m.parameters()).device.type == "cpu" for m in frozen)
 
 
 # --- every task on SD3 --------------------------------------------------------------------------------------------

@@ -1,9 +1,7 @@
-"""The SANA-Video adapter on the tiny random-init SANA-Video (Wan VAE): sampling equals `SanaVideoPipeline.__call__`,
-the latent normalisation is the pipeline's, latent shapes follow the frame rule, and the export reloads in diffusers.
-
-Oracle for sampling: the pipeline itself with its own defaults (no `sigmas`: its scheduler's `set_timesteps(N)`
-grid), fed the adapter's prompt embeddings, the same per-sample seeds, CFG with the encoding of "" as the negative
-prompt, and `output_type="latent"` (as tests/integration/test_sampler_matches_diffusers.py does for images).
+"""The SANA-Video adapter on the tiny random-init SANA-Video (Wan VAE, `sanarl-tiny:sana-video`): the adapter
+contract (sampling equals `SanaVideoPipeline.__call__`, the Wan VAE's per-channel normalisation, the exports reload
+in diffusers) with 9-frame generation and 5-frame training clips, then the frame rule of the latent shape and the
+moving-shapes model's position code.
 """
 
 from __future__ import annotations
@@ -11,127 +9,51 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from adapter_contract import PER_CHANNEL, SHAPES, AdapterContract, FamilyCase
+from sana_family import DEFAULT_TARGETS, direct_velocity, pipeline_latents
 
-from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.training.sampling import GenerationSpec, generate_images, generate_latents
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]
 
-STEPS = 4
-SIZE = 32
 FRAMES = 9
-SEEDS = [11, 12]
-PROMPT = "a red circle moving left"
-TOLERANCE = 1e-4
+"""`inference_frames`: 1 + 2 x 4 (the Wan VAE's temporal factor)."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def video_latents(pipe, prompts: list[str], guidance: float, generators) -> torch.Tensor:
+    """`SanaVideoPipeline.__call__` with its defaults for `FRAMES` frames."""
+    return pipeline_latents(pipe, prompts, guidance, generators, frames=FRAMES)
+
+
+class TestContract(AdapterContract):
+    case = FamilyCase(
+        model="sanarl-tiny:sana-video", pipeline="SanaVideoPipeline", grid="flow_match_euler", guidance=4.5,
+        text_encoders=1, latents=PER_CHANNEL,
+        vae_config={"latents_mean": [0.1, -0.2, 0.3, 0.0], "latents_std": [1.5, 0.8, 1.2, 2.0]},
+        shape_64x96=(4, 3, 8, 12),  # C = 4, T' = (9 - 1) // 4 + 1, 64 / 8 x 96 / 8
+        size_error="inference_size", size_error_type=ConfigError, clip_frames=5,
+        pipeline_latents=video_latents, direct_velocity=direct_velocity,
+        diffusers={"is_video": True, "complex_human_instruction": False, "inference_frames": FRAMES,
+                   "train_frames": 5},
+        sft_plugin=SHAPES, lora_overrides=(DEFAULT_TARGETS,),
+        lora_targets=("attn1.to_q.lora_A", "attn2.to_out.0.lora_B"), lora_untouched=("ff.",),
+        tolerance=1e-4, decode_atol=1e-5,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def adapter():
     from sanarl.models import load_adapter
 
-    policy = PolicyConfig(model_name_or_path="sanarl-tiny:sana-video")
-    policy.diffusers.is_video = True
-    policy.diffusers.complex_human_instruction = False
-    policy.diffusers.max_prompt_length = 8
-    policy.diffusers.inference_frames = FRAMES
-    policy.diffusers.train_frames = 5
-    adapter = load_adapter(policy)
-    adapter.transformer.eval()
-    return adapter
-
-
-def _spec(adapter, guidance: float) -> GenerationSpec:
-    return GenerationSpec(STEPS, guidance, "euler", 0.0, adapter.default_shift, SIZE, SIZE)
-
-
-def _sanarl(adapter, guidance: float) -> torch.Tensor:
-    cond = adapter.encode_prompts([PROMPT] * len(SEEDS))
-    uncond = adapter.encode_prompts([""]) if guidance != 1.0 else None
-    return generate_latents(adapter, cond, SEEDS, _spec(adapter, guidance), uncond=uncond).latents
-
-
-def _diffusers(adapter, guidance: float, output_type: str = "latent"):
-    cond = adapter.encode_prompts([PROMPT] * len(SEEDS))
-    extra = {}
-    if guidance > 1.0:
-        neg = adapter.encode_prompts([""]).expand_to(len(SEEDS))
-        extra = {
-            "negative_prompt_embeds": neg.embeds.contiguous(),
-            "negative_prompt_attention_mask": neg.mask,
-        }
-    return adapter.pipeline(
-        prompt_embeds=cond.embeds,
-        prompt_attention_mask=cond.mask,
-        negative_prompt=None,
-        num_inference_steps=STEPS,
-        guidance_scale=guidance,
-        height=SIZE,
-        width=SIZE,
-        frames=FRAMES,
-        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
-        output_type=output_type,
-        use_resolution_binning=False,
-        **extra,
-    ).frames
-
-
-@pytest.mark.parametrize("guidance", [1.0, 4.5])
-def test_final_latents_match_the_pipeline(adapter, guidance):
-    ours, theirs = _sanarl(adapter, guidance), _diffusers(adapter, guidance)
-    assert adapter.grid_name() == "flow_match_euler"
-    assert ours.shape == theirs.shape == (len(SEEDS), 4, 3, 4, 4)  # C=4, T'=(9-1)//4+1, 32/8
-    assert (ours - theirs).abs().max().item() < TOLERANCE
-    assert (ours[1] - ours[0]).abs().max().item() > 1e-2  # not vacuous: seeds differ
-
-
-def test_decoded_clips_match_the_pipeline_output(adapter):
-    """generate_images = decode(latents): the pipeline's own decode (un-normalise, Wan decode, [0, 1]) frame by frame."""
-    ours = generate_images(adapter, [PROMPT] * len(SEEDS), SEEDS, _spec(adapter, 1.0))
-    theirs = _diffusers(adapter, 1.0, output_type="pt")  # [B, T, 3, H, W] in [0, 1]
-    assert ours.shape == (len(SEEDS), 3, FRAMES, SIZE, SIZE)
-    torch.testing.assert_close(ours, theirs.permute(0, 2, 1, 3, 4).float(), atol=1e-4, rtol=0)
-
-
-def test_latent_normalisation_is_the_per_channel_wan_one(adapter):
-    """encode = (mode - mean_c) / std_c with the VAE config's values; decode undoes it exactly before the VAE."""
-    torch.manual_seed(0)
-    clips = torch.rand(1, 3, 5, SIZE, SIZE)
-    raw = adapter.vae.encode(2 * clips - 1).latent_dist.mode()
-    mean = torch.tensor([0.1, -0.2, 0.3, 0.0]).view(1, 4, 1, 1, 1)
-    std = torch.tensor([1.5, 0.8, 1.2, 2.0]).view(1, 4, 1, 1, 1)
-    z = adapter.encode_images(clips)
-    torch.testing.assert_close(z, (raw - mean) / std, atol=1e-5, rtol=0)
-    expected = ((adapter.vae.decode(raw).sample + 1) / 2).clamp(0, 1)
-    torch.testing.assert_close(adapter.decode(z), expected, atol=1e-5, rtol=0)
+    return load_adapter(TestContract.case.policy())
 
 
 def test_latent_shape_uses_inference_frames_unless_given(adapter):
-    assert adapter.latent_shape(SIZE, 64) == (4, 3, 4, 8)  # inference_frames 9 -> 1 + 8 // 4
-    assert adapter.latent_shape(SIZE, SIZE, frames=5) == (4, 2, 4, 4)
-    assert adapter.latent_shape(SIZE, SIZE, frames=1) == (4, 1, 4, 4)
+    assert adapter.latent_shape(32, 64) == (4, 3, 4, 8)  # inference_frames 9 -> 1 + 8 // 4
+    assert adapter.latent_shape(32, 32, frames=5) == (4, 2, 4, 4)
+    assert adapter.latent_shape(32, 32, frames=1) == (4, 1, 4, 4)
     with pytest.raises(ConfigError, match=r"1 \+ 4 k frames.*train_frames"):
-        adapter.latent_shape(SIZE, SIZE, frames=8)
-    with pytest.raises(ConfigError, match=r"inference_size"):
-        adapter.latent_shape(36, SIZE)
-
-
-def test_saved_pipeline_loads_in_diffusers(adapter, tmp_path):
-    from diffusers import DiffusionPipeline, SanaVideoPipeline
-
-    adapter.save_pipeline(tmp_path / "export")
-    pipe = DiffusionPipeline.from_pretrained(str(tmp_path / "export"))
-    assert isinstance(pipe, SanaVideoPipeline)
-    for name, value in adapter.transformer.state_dict().items():
-        assert torch.equal(pipe.transformer.state_dict()[name], value), name
+        adapter.latent_shape(32, 32, frames=8)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from sanarl.core import media
 from sanarl.methods.loading import load_config
 from sanarl.training.tracking import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 pytest.importorskip("av")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,14 +31,6 @@ SMALL = [
     "validation.val_before_train=false",
     "policy.diffusers.sample.eval_num_steps=2",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_tiny_video_sft_trains_saves_mp4_samples_and_exports_a_diffusers_pipeline(tmp_path):

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
-from sanarl.core.samplers import initial_noise, sample_loop
+from sanarl.core.samplers import initial_noise
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.training.sampling import GenerationSpec
+from sanarl.training.sampling import GenerationSpec, generate_latents
 
 
 @dataclass
@@ -81,27 +80,23 @@ def sample_trajectories(
 ) -> tuple[torch.Tensor, Trajectory]:
     """SDE rollout of one prompt group with the active policy: final latents [K, ...] and the stored steps.
 
-    Same path as `sampling.generate_latents` (explicit per-sample seeds, `sample_loop`, the adapter's CFG), but
-    keeps the trajectory of the stochastic steps on CPU and can share one initial noise per group.
+    `sampling.generate_latents` in chunks of `batch_size` seeds, keeping the trajectory's stochastic steps on CPU;
+    with `same_noise` every sample starts from the first seed's noise (one initial noise per group).
     """
     shape = adapter.latent_shape(spec.height, spec.width)
-    sigmas = spec.sigmas(adapter, device=adapter.device)
     a, b = window if window is not None else (0, spec.num_steps)
     shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
     finals, states, log_probs, initial = [], [], [], []
-    for start in range(0, len(seeds), batch_size):
-        x, generators = initial_noise(shape, seeds[start : start + batch_size], device=adapter.device)
-        if shared is not None:
-            x = shared.expand_as(x).clone()
-        out = sample_loop(
-            partial(_guided, adapter, cond, uncond, spec.guidance_scale),
-            x,
-            sigmas,
-            solver=spec.solver,
-            eta=spec.eta,
-            generators=generators,
+    for first in range(0, len(seeds), batch_size):
+        out = generate_latents(
+            adapter,
+            cond,
+            seeds[first : first + batch_size],
+            spec,
+            uncond=uncond,
             return_trajectory=True,
             window=window,
+            start=shared,
         )
         finals.append(out.latents)
         initial.append(out.trajectory[0].cpu())
@@ -109,10 +104,3 @@ def sample_trajectories(
         log_probs.append(out.log_probs.cpu())
     trajectory = Trajectory(torch.cat(states), torch.cat(log_probs), list(range(a, b)), torch.cat(initial))
     return torch.cat(finals), trajectory
-
-
-def _guided(
-    adapter: DiffusionAdapter, cond: Cond, uncond: Cond | None, w: float, x: torch.Tensor, s: torch.Tensor
-) -> torch.Tensor:
-    """The rollout's velocity function (x [B, ...], s [B]) -> v [B, ...]: CFG when w != 1."""
-    return adapter.guided_velocity(x, s, cond, uncond, w)

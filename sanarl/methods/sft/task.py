@@ -25,6 +25,7 @@ from sanarl.methods.sft.config import SFTView, view
 from sanarl.models.base import DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
 from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
+from sanarl.training.sampling import grid_shift
 
 
 def draw_flow_matching_noise(
@@ -120,9 +121,7 @@ class SFTTask(Task):
 
     def shift(self, media: torch.Tensor) -> float:
         """The grid shift for this batch's image size: `sample.flow_shift`, else the model's own for that size."""
-        if self.flow_shift is not None:
-            return self.flow_shift
-        return self.adapter.shift_for(*media.shape[-2:])
+        return grid_shift(self.adapter, self.flow_shift, *media.shape[-2:])
 
     def steps_per_epoch(self) -> int:
         return max(1, len(self.train_dataset) // self.run.batch_per_replica)

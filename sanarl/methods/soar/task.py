@@ -66,6 +66,7 @@ from sanarl.methods.soar.config import (
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
 from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
+from sanarl.training.sampling import grid_shift
 
 
 def scheduler_table(shift: float, size: int = SCHEDULER_TABLE_SIZE) -> Tensor:
@@ -329,11 +330,7 @@ class SOARTask(Task):
             )
         count = len(batch["prompt"])
         latent = self.adapter.latent_shape(*batch["image"].shape[-2:])
-        shift = (
-            self.flow_shift
-            if self.flow_shift is not None
-            else self.adapter.shift_for(*batch["image"].shape[-2:])
-        )
+        shift = grid_shift(self.adapter, self.flow_shift, *batch["image"].shape[-2:])
         batch.update(draw_randomness(count, latent, self.view, shift, rng))
         batch.update(draw_vae_noise(self.adapter, count, latent, rng))
         # 2. the step's point counts over all ranks -> one loss scale for every micro-batch
