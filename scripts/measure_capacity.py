@@ -18,6 +18,11 @@ so every tensor of 64 KiB or more is its own mapping, returned to the system whe
 The run goes twice in that process: the first (a warm-up into another output folder) imports every module and
 starts every kernel and thread pool; then the kernel's peak-RSS mark is reset (`5 > /proc/self/clear_refs`) and the
 resident size noted, and the measured peak of the second run is VmHWM minus that baseline. Linux only.
+
+`--read-weights`: every parameter and buffer of the loaded pipeline is read once (a sum) before the run starts. A
+CPU run maps the safetensors files and pages in only what it reads (Gemma-2 reads its embedding table at the
+prompt's token rows only; an SFT run never calls the VAE decoder, an RL run never its encoder); a GPU run copies every
+weight onto the device, as the plan counts them. With --read-weights the CPU run holds its weights as the plan does.
 """
 
 from __future__ import annotations
@@ -48,7 +53,21 @@ def run(out):
     return 0
 
 
-warm, measured = sys.argv.pop(), sys.argv.pop()
+warm, measured, read = sys.argv.pop(), sys.argv.pop(), sys.argv.pop() == "read"
+if read:  # every weight read once at load, as copying it to a GPU reads it: mmap-backed weights become resident
+    import torch
+    from sanarl.models.base import DiffusionAdapter
+
+    bind = DiffusionAdapter._bind
+
+    def reading_bind(self, pipeline, *args, **kwargs):
+        for module in pipeline.components.values():
+            if isinstance(module, torch.nn.Module):
+                for tensor in (*module.parameters(), *module.buffers()):
+                    tensor.detach().sum()
+        bind(self, pipeline, *args, **kwargs)
+
+    DiffusionAdapter._bind = reading_bind
 code = run(warm)  # every import, kernel and thread pool of the run happens here
 gc.collect()
 with open("/proc/self/clear_refs", "w") as f:
@@ -149,15 +168,17 @@ def measure_transformer(args: list[str]) -> dict:
             "step_estimated": step}  # fmt: skip
 
 
-def measure(args: list[str], steps: int) -> dict:
-    """{"measured", "estimated", "error", "phase"} of the training run `args` for `steps` optimizer steps."""
+def measure(args: list[str], steps: int, read_weights: bool = False) -> dict:
+    """{"measured", "estimated", "error", "phase"} of the training run `args` for `steps` optimizer steps;
+    `read_weights` reads every weight of the pipeline once when it loads (see the module docstring)."""
     from sanarl.config.presets import resolve_preset_path
     from sanarl.methods.loading import load_config
     from sanarl.tools.capacity.memory import estimate
 
     with tempfile.TemporaryDirectory() as out:
         run = [*args, "--set", f"train.max_num_steps={steps}", "--set", "train.ckpt.enable_checkpoint=false",
-               "--set", "train.ckpt.export_safetensors=false", f"{out}/measured", f"{out}/warm"]  # fmt: skip
+               "--set", "train.ckpt.export_safetensors=false", "read" if read_weights else "as-run", f"{out}/measured",
+               f"{out}/warm"]  # fmt: skip
         env = {
             **os.environ,
             "MALLOC_MMAP_THRESHOLD_": "65536",
@@ -186,6 +207,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--transformer", action="store_true", help="one micro-step of the real transformer")
+    parser.add_argument(
+        "--read-weights",
+        action="store_true",
+        help="read every weight once at load, as a copy "
+        "to a GPU does, so weights mapped from safetensors count whole where the run never reads them",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args()
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -196,6 +223,6 @@ if __name__ == "__main__":
             print(f"{part}: measured {r[part] / mib:.1f} MiB, estimated {r[part + '_estimated'] / mib:.1f} MiB, "
                   f"error {r[part + '_estimated'] / r[part] - 1:+.1%}")  # fmt: skip
         sys.exit(0)
-    result = measure(args, ns.steps)
+    result = measure(args, ns.steps, ns.read_weights)
     print(f"measured {result['measured'] / mib:.1f} MiB, estimated {result['estimated'] / mib:.1f} MiB "
           f"({result['phase']}), error {result['error']:+.1%}")  # fmt: skip

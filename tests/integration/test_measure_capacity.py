@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc (peak-RSS reset)")
-def test_the_measured_peak_of_a_tiny_sft_run_is_within_ten_percent_of_the_plan():
+@pytest.mark.parametrize("read", [[], ["--read-weights"]], ids=["as-run", "read-weights"])
+def test_the_measured_peak_of_a_tiny_sft_run_is_within_ten_percent_of_the_plan(read):
+    """As the run reads its weights, and with every weight read once at load (`--read-weights`)."""
     proc = subprocess.run(
-        [sys.executable, "scripts/measure_capacity.py", "--steps", "1", "--",
+        [sys.executable, "scripts/measure_capacity.py", *read, "--steps", "1", "--",
          "--config", "tiny-shapes-sft", "sanarl.datasets.shapes"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
