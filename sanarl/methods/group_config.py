@@ -41,7 +41,7 @@ Policy = TypeVar("Policy", bound=GroupPolicy)
 @dataclass(frozen=True)
 class GroupRLView(Generic[Policy]):
     """What a group-RL method reads: its `[train.train_policy]` keys (a `GroupPolicy`), the rollout (group size, family; handed to
-    the rollout engine whole, with the diffusers section: sampler, noise level, timesteps_fraction) and the LoRA
+    the rollouts whole, with the diffusers section: sampler, noise level, timesteps_fraction) and the LoRA
     adapters (None: a full fine-tune, Flow-GRPO only)."""
 
     train_policy: Policy

@@ -28,7 +28,7 @@ from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
 from sanarl.training.protocol import RunSettings, Task, per_rank_batch, run_settings
-from sanarl.training.rollout import PromptGroup, RolloutEngine, group_seeds, reward_function
+from sanarl.training.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class GroupRLTask(Task):
         self.view = self.method_view(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)
         self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
-        self.engine: RolloutEngine | None = None
+        self.rollouts: Rollouts | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_groups: list[PromptGroup] = []
         self._pending: tuple[int, list[list[dict]]] | None = None
@@ -88,7 +88,7 @@ class GroupRLTask(Task):
     def setup_model(self) -> None:
         super().setup_model()
         v = self.view
-        self.engine = RolloutEngine(
+        self.rollouts = Rollouts(
             v.rollout,
             v.diffusers,
             reward_function(v.train_policy.remote_reward, v.rollout, remote=v.train_policy.use_remote_reward),
@@ -98,7 +98,7 @@ class GroupRLTask(Task):
         )
 
     def launch_check(self, fsdp: bool) -> None:
-        if fsdp and self.engine is not None and self.engine.full_copy is not None:
+        if fsdp and self.rollouts is not None and self.rollouts.full_copy is not None:
             raise ConfigError(
                 f"rollout.family = {self.view.rollout.family!r} samples from inference copies merged from the live "
                 "LoRA weights, which FSDP shards; launch this preset with DDP (sanarl/data/accelerate/ddp_8gpu.yaml: "
@@ -223,8 +223,8 @@ class GroupRLTask(Task):
         return fns[0].name if len(fns) == 1 else "reward"
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        if self.rollouts is not None:
+            self.rollouts.close()
 
 
 def split_updates(batches: list[Mapping[str, Any]], k: int, rng: torch.Generator) -> list[list]:

@@ -1,1 +1,1 @@
-"""The training engine, method-agnostic: the runner loop, distributed set-up, sampling, rollouts (families, inference copies, quantization), checkpoints, metrics, EMA, the reward-hacking guard and the Task protocol the methods implement."""
+"""Training, method-agnostic: the runner loop, distributed set-up, sampling, rollouts (families, inference copies, quantization), checkpoints, metrics, EMA, the reward-hacking guard and the Task protocol the methods implement."""

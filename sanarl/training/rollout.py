@@ -66,7 +66,7 @@ def reward_function(
     return RewardFunction(rewards)
 
 
-class RolloutEngine:
+class Rollouts:
     """Generates and scores prompt groups with the configured family; owns inference copies and the pool."""
 
     def __init__(

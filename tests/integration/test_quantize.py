@@ -86,7 +86,7 @@ def test_fp8_linear_is_its_formula():
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    """A sol_rl rollout engine on the tiny FLUX with an int8 preview copy (every linear eligible: min dim 0)."""
+    """sol_rl rollouts on the tiny FLUX with an int8 preview copy (every linear eligible: min dim 0)."""
     out = tmp_path_factory.mktemp("quant")
     overrides = [
         f"train.output_dir={out}",

@@ -1,6 +1,6 @@
 """Each component reads its own config sections (docs/architecture.md, "Config views"): a method's task keeps its
 typed view (`sanarl/methods/<method>/config.py`) and the run-level `RunSettings`, never the whole Config; the
-rollout engine gets `[rollout]`, `[policy.diffusers]` and its reward function. Checked on the source with `ast`:
+rollouts get `[rollout]`, `[policy.diffusers]` and its reward function. Checked on the source with `ast`:
 no `self.cfg` / `self.config` attribute is read or set in the methods or in the engine's task-facing modules.
 """
 

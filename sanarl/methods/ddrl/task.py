@@ -199,7 +199,7 @@ class DDRLTask(FlowGRPOTask):
         module = self.adapter.trainable_module()
         scope = adapters_disabled(module) if self.uses_lora else _nothing()
         velocity = partial(
-            self.adapter.guided_velocity, cond=cond, uncond=self.engine.uncond, guidance_scale=self.spec.guidance_scale,
+            self.adapter.guided_velocity, cond=cond, uncond=self.rollouts.uncond, guidance_scale=self.spec.guidance_scale,
             module=self.base,
         )  # fmt: skip
         module.eval()

@@ -138,7 +138,7 @@ class FlowGRPOTask(GroupRLTask):
     def setup_model(self) -> None:
         super().setup_model()
         sample = self.view.diffusers.sample
-        self.spec = replace(self.engine.spec, solver=sample.solver, eta=sample.noise_level)
+        self.spec = replace(self.rollouts.spec, solver=sample.solver, eta=sample.noise_level)
         self.sigmas = self.spec.sigmas(self.adapter)
         if not self.uses_lora and self.view.train_policy.kl_beta > 0:
             self.reference = copy.deepcopy(self.adapter.trainable_module()).requires_grad_(False).eval()
@@ -159,7 +159,7 @@ class FlowGRPOTask(GroupRLTask):
             sample_trajectories,
             self.adapter,
             spec=self.spec,
-            uncond=self.engine.uncond,
+            uncond=self.rollouts.uncond,
             window=window,
             same_noise=tp.same_noise_per_group,
             batch_size=self.view.rollout.batch_size,
@@ -167,7 +167,7 @@ class FlowGRPOTask(GroupRLTask):
         module = self.adapter.trainable_module()
         module.eval()
         with self._rollout_autocast():
-            groups, trajectories, metrics = self.engine.rollout_with(prompts, metas, seeds, sample_fn)
+            groups, trajectories, metrics = self.rollouts.rollout_with(prompts, metas, seeds, sample_fn)
         module.train()
         if window is not None:
             metrics["sde_window_start"] = float(window[0])
@@ -327,7 +327,7 @@ class FlowGRPOTask(GroupRLTask):
         velocity at those rows under the same conditioning, from the same single forward (one forward per backward,
         as DDP needs; DDRL's data term)."""
         w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training else 1.0
-        uncond = self.engine.uncond
+        uncond = self.rollouts.uncond
         if extra is None:
             return self.adapter.guided_velocity(x, s, cond, uncond, w), None
         batch, (x_e, s_e) = x.shape[0], extra
@@ -349,7 +349,7 @@ class FlowGRPOTask(GroupRLTask):
         embedded = not self.adapter.cfg_batch
         w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training or embedded else 1.0
         with self._reference_weights() as module:
-            return self.adapter.guided_velocity(x, s, cond, self.engine.uncond, w, module)
+            return self.adapter.guided_velocity(x, s, cond, self.rollouts.uncond, w, module)
 
     @contextmanager
     def _reference_weights(self) -> Iterator[torch.nn.Module | None]:

@@ -69,10 +69,10 @@ class NFTTask(GroupRLTask):
         """Roll out the prompts of rollout `step`, score them, and build all its training micro-batches."""
         # 1. rollout: this rank's prompt groups with the old adapter, scored
         prompts, metas = self._step_prompts(step)
-        seeds = self._group_seeds(step, len(prompts), self.engine.m)
+        seeds = self._group_seeds(step, len(prompts), self.rollouts.m)
         module = self.adapter.trainable_module()
         module.eval()
-        groups, metrics = self.engine.rollout(prompts, metas, seeds)
+        groups, metrics = self.rollouts.rollout(prompts, metas, seeds)
         module.train()
         # 2. advantages over every rank's samples
         adv, keep, stats = self._advantages(groups)
@@ -89,8 +89,8 @@ class NFTTask(GroupRLTask):
         x0 = torch.cat([g.latents for g in groups])[keep]
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(keep.nonzero().squeeze(1))
         adv = adv[keep]
-        num_steps = self.engine.spec.num_steps
-        levels = self.engine.spec.sigmas(self.adapter)[:-1]  # the rollout's own grid
+        num_steps = self.rollouts.spec.num_steps
+        levels = self.rollouts.spec.sigmas(self.adapter)[:-1]  # the rollout's own grid
         trained = max(1, int(num_steps * self.view.diffusers.timesteps_fraction))
         order = torch.stack([torch.randperm(num_steps, generator=rng)[:trained] for _ in range(len(x0))])
         eps = torch.randn((trained, *x0.shape), generator=rng)
@@ -159,13 +159,13 @@ class NFTTask(GroupRLTask):
         new = adapter_parameters(module, "default")
         pairs = [(old[k], new[k.replace(".old.", ".default.")]) for k in old]
         decay_old_weights([o for o, _ in pairs], [n.detach() for _, n in pairs], decay)
-        self.engine.refresh()
+        self.rollouts.refresh()
         return {"old_decay": decay}
 
     def after_resume(self) -> None:
         """The inference copies were merged from the set-up weights: refresh them from the restored old adapter, so
         the first rollout after a resume samples from the same theta_old as an uninterrupted run."""
-        self.engine.refresh()
+        self.rollouts.refresh()
 
     @staticmethod
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
