@@ -51,7 +51,7 @@ def _slow_shapes(delay_s: float = 0.25) -> Reward:
 def engine_for(*overrides: str):
     loaded = load_config(PRESET, ["train.output_dir=/tmp/sanarl-bench-nft", *overrides])
     task = api.train(loaded, "sanarl.datasets.shapes", dry_run=True).task
-    return task.engine, task
+    return task.rollouts, task
 
 
 def prompts_for(task, count: int) -> tuple[list[str], list[dict]]:
@@ -59,10 +59,10 @@ def prompts_for(task, count: int) -> tuple[list[str], list[dict]]:
     return [it["prompt"] for it in items], [it["metadata"] for it in items]
 
 
-def timed_rollout(engine, prompts, metas, m: int) -> tuple[float, float]:
+def timed_rollout(rollouts, prompts, metas, m: int) -> tuple[float, float]:
     seeds = [group_seeds(7, 0, 0, p, m) for p in range(len(prompts))]
     start = time.perf_counter()
-    groups, _ = engine.rollout(prompts, metas, seeds)
+    groups, _ = rollouts.rollout(prompts, metas, seeds)
     elapsed = time.perf_counter() - start
     kept = torch.cat([g.reward.total for g in groups])
     return elapsed, float(kept.mean())
@@ -85,8 +85,8 @@ def search_benchmark(args) -> None:
     times = {"naive_scaling": [], "sol_rl": []}
     rewards = {}
     for _ in range(args.repeats):
-        for name, engine in (("naive_scaling", naive), ("sol_rl", sol)):
-            t, r = timed_rollout(engine, prompts, metas, m)
+        for name, rollouts in (("naive_scaling", naive), ("sol_rl", sol)):
+            t, r = timed_rollout(rollouts, prompts, metas, m)
             times[name].append(t)
             rewards[name] = r
     med = {k_: statistics.median(v) for k_, v in times.items()}

@@ -34,7 +34,7 @@ def check_family_run(outcome, records: list[dict], compiled: list, prompts: int 
     drafts = {"diffusionnft": 0, "sol_rl": prompts * m}.get(family, prompts * m - kept)
     assert records[0]["rollout_images"] == kept + drafts
     assert compiled == (["max-autotune-no-cudagraphs"] if family in ("compile", "naive_quant") else [])
-    engine = outcome.task.engine
+    rollouts = outcome.task.rollouts
     if family in ("naive_quant", "sol_rl"):  # the int8 CPU backend really ran
-        copy_ = engine.preview_copy if family == "sol_rl" else engine.full_copy
+        copy_ = rollouts.preview_copy if family == "sol_rl" else rollouts.full_copy
         assert any(isinstance(m, Int8DynamicLinear) for m in copy_.module.modules())

@@ -217,7 +217,7 @@ def test_flow_grpo_iteration_with_embedded_guidance(tmp_path, cfg_in_training):
     outcome = _train("sd3-grpo.toml", tmp_path, SHAPES, flag)
     finite_records(tmp_path, 1)
     task, adapter = outcome.task, outcome.task.adapter
-    assert task.engine.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
+    assert task.rollouts.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
     default = adapter_parameters(adapter.transformer, "default")
     assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
     # the KL reference runs at the rollout's embedded guidance whatever cfg_in_training says

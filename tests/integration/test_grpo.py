@@ -115,7 +115,7 @@ def test_cfg_rollouts_are_re_evaluated_with_the_same_guidance(tmp_path, caplog, 
     # both branches carry gradient: conditioned on "" (v_c = v_u) the guided gradient w g + (1 - w) g is exactly
     # that of plain v_c (a detached uncond branch would give 4.5 g)
     task.view.train_policy.clip_range = 1e9  # no clipping, so the PPO term has a gradient
-    on_empty = dict(batch, cond=task.engine.uncond.expand_to(len(batch["adv"])))
+    on_empty = dict(batch, cond=task.rollouts.uncond.expand_to(len(batch["adv"])))
     grads = []
     for spec in (task.spec, replace(task.spec, guidance_scale=1.0)):
         task.spec = spec

@@ -72,7 +72,7 @@ def test_cfg_gradient_is_the_chain_through_both_branches(tmp_path):
 
     # reference: L(v) from the formulas, dL/dv, then (dL/dv) (w dv_c/dtheta + (1 - w) dv_u/dtheta)
     x, x_next, s, s_next = batch["x"], batch["x_next"], batch["s"], batch["s_next"]
-    adapter, uncond = task.adapter, task.engine.uncond
+    adapter, uncond = task.adapter, task.rollouts.uncond
     v_c = adapter.velocity(x, s, batch["cond"])
     v_u = adapter.velocity(x, s, uncond.expand_to(len(x)))
     v = (v_u + w * (v_c - v_u)).detach().requires_grad_(True)

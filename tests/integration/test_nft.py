@@ -107,12 +107,12 @@ def test_sol_rl_regenerates_exactly_the_kept_seeds(tmp_path):
         "rollout.reward_workers=0",
     )
     outcome = api.train(cfg, SHAPES, dry_run=True)
-    engine = outcome.task.engine
+    rollouts = outcome.task.rollouts
     seeds = group_seeds(0, 0, 0, 0, 8)
-    groups, metrics = engine.rollout(["a red circle"], [outcome.task.train_dataset[0]["metadata"]], [seeds])
+    groups, metrics = rollouts.rollout(["a red circle"], [outcome.task.train_dataset[0]["metadata"]], [seeds])
     kept = groups[0]
     assert len(kept.seeds) == 4 and set(kept.seeds) <= set(seeds)
-    drafts = engine._sample(kept.cond, seeds, engine.preview_spec, engine.preview_copy)
+    drafts = rollouts._sample(kept.cond, seeds, rollouts.preview_spec, rollouts.preview_copy)
     for i, seed in enumerate(kept.seeds):
         assert torch.allclose(kept.latents[i], drafts[seeds.index(seed)], atol=1e-5)
     assert metrics["rollout_images"] == 8 + 4
@@ -123,12 +123,12 @@ def test_best_worst_keeps_the_extremes_of_the_drafts(tmp_path):
         tmp_path, "rollout.family=naive_scaling", "rollout.num_candidates=8", "rollout.reward_workers=0"
     )
     outcome = api.train(cfg, SHAPES, dry_run=True)
-    engine = outcome.task.engine
+    rollouts = outcome.task.rollouts
     seeds = group_seeds(0, 0, 0, 0, 8)
-    cond = engine.adapter.encode_prompts(["a red circle"])
-    images = engine.adapter.decode(engine._sample(cond, seeds, engine.spec, None))
-    scores = engine.reward_fn(images, ["a red circle"] * 8, [{}] * 8).total
-    groups, _ = engine.rollout(["a red circle"], [{}], [seeds])
+    cond = rollouts.adapter.encode_prompts(["a red circle"])
+    images = rollouts.adapter.decode(rollouts._sample(cond, seeds, rollouts.spec, None))
+    scores = rollouts.reward_fn(images, ["a red circle"] * 8, [{}] * 8).total
+    groups, _ = rollouts.rollout(["a red circle"], [{}], [seeds])
     ranked = [seeds[i] for i in torch.argsort(scores, descending=True).tolist()]
     assert set(groups[0].seeds) == set(ranked[:2] + ranked[-2:])
 
@@ -261,8 +261,8 @@ def test_sol_rl_preset_resume_equals_uninterrupted_bit_for_bit(tmp_path):
 
 def _quantized_copy(outcome) -> torch.nn.Module:
     """The int8 rollout copy of a run: naive_quant's only copy, sol_rl's preview."""
-    engine = outcome.task.engine
-    return (engine.preview_copy if engine.family == "sol_rl" else engine.full_copy).module
+    rollouts = outcome.task.rollouts
+    return (rollouts.preview_copy if rollouts.family == "sol_rl" else rollouts.full_copy).module
 
 
 @pytest.mark.parametrize("family", ["naive_quant", "sol_rl"])
@@ -324,14 +324,14 @@ def test_unshifted_grid_samples_on_linspace(tmp_path):
     from sanarl.core.samplers import initial_noise
     from sanarl.training.sampling import generate_latents
 
-    engine = api.train(
+    rollouts = api.train(
         loaded(
             tmp_path, "policy.diffusers.sample.sigma_grid=uniform", "policy.diffusers.sample.flow_shift=3.0"
         ),
         SHAPES,
         dry_run=True,
-    ).task.engine
-    adapter, spec = engine.adapter, engine.spec
+    ).task.rollouts
+    adapter, spec = rollouts.adapter, rollouts.spec
     cond = adapter.encode_prompts(["a red circle", "a red circle"])
     seeds = [5, 6]
     got = generate_latents(adapter, cond, seeds, spec).latents

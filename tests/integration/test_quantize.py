@@ -85,7 +85,7 @@ def test_fp8_linear_is_its_formula():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def rollouts(tmp_path_factory):
     """sol_rl rollouts on the tiny FLUX with an int8 preview copy (every linear eligible: min dim 0)."""
     out = tmp_path_factory.mktemp("quant")
     overrides = [
@@ -101,11 +101,11 @@ def engine(tmp_path_factory):
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return api.train(load_config(PRESET, overrides), "sanarl.datasets.shapes", dry_run=True).task.engine
+        return api.train(load_config(PRESET, overrides), "sanarl.datasets.shapes", dry_run=True).task.rollouts
 
 
-def _velocity(engine, module, seed: int = 0) -> torch.Tensor:
-    adapter = engine.adapter
+def _velocity(rollouts, module, seed: int = 0) -> torch.Tensor:
+    adapter = rollouts.adapter
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(2, *adapter.latent_shape(32, 32), generator=gen)
     cond = adapter.encode_prompts(["a red circle", "two blue squares"])
@@ -117,8 +117,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def test_int8_copy_tracks_the_float32_copy(engine):
-    preview, full = engine.preview_copy.module, engine.full_copy.module
+def test_int8_copy_tracks_the_float32_copy(rollouts):
+    preview, full = rollouts.preview_copy.module, rollouts.full_copy.module
     quantized = [n for n, m in preview.named_modules() if isinstance(m, Int8DynamicLinear)]
     assert (
         "transformer_blocks.0.attn.to_q" in quantized and "single_transformer_blocks.0.proj_mlp" in quantized
@@ -127,35 +127,35 @@ def test_int8_copy_tracks_the_float32_copy(engine):
         part in n for n in quantized for part in ("x_embedder", "context_embedder", "time_text_embed")
     )
     assert not any(isinstance(m, Int8DynamicLinear) for m in full.modules())
-    rel = _rel(_velocity(engine, preview), _velocity(engine, full))
+    rel = _rel(_velocity(rollouts, preview), _velocity(rollouts, full))
     assert 1e-4 < rel < TOLERANCE, rel
 
 
-def test_selection_on_the_int8_preview_keeps_the_float32_seeds(engine):
+def test_selection_on_the_int8_preview_keeps_the_float32_seeds(rollouts):
     """A fixed draft set (12 seeds of one prompt); the reward is each image's mean red minus mean blue. The K = 4 kept by
     best / worst on the int8 preview's drafts are the float32 preview's."""
-    adapter = engine.adapter
+    adapter = rollouts.adapter
     seeds = group_seeds(3, 0, 0, 0, 12)
     cond = adapter.encode_prompts(["a red circle"])
     kept = {}
-    for name, copy_ in (("int8", engine.preview_copy), ("float32", engine.full_copy)):
-        images = adapter.decode(engine._sample(cond, seeds, engine.preview_spec, copy_))
+    for name, copy_ in (("int8", rollouts.preview_copy), ("float32", rollouts.full_copy)):
+        images = adapter.decode(rollouts._sample(cond, seeds, rollouts.preview_spec, copy_))
         reward = images[:, 0].mean(dim=(1, 2)) - images[:, 2].mean(dim=(1, 2))
         kept[name] = sorted(seeds[i] for i in select_indices(reward, 4, "best_worst").tolist())
     assert kept["int8"] == kept["float32"]
 
 
-def test_int8_copy_follows_a_refresh(engine):
-    live = engine.adapter.trainable_module()
-    before = _velocity(engine, engine.preview_copy.module)
+def test_int8_copy_follows_a_refresh(rollouts):
+    live = rollouts.adapter.trainable_module()
+    before = _velocity(rollouts, rollouts.preview_copy.module)
     with torch.no_grad():
         for name, p in live.named_parameters():
             if ".old." in name and "lora_B" in name:
                 p.normal_(0.0, 0.5)
-    engine.refresh()
+    rollouts.refresh()
     after_q, after_full = (
-        _velocity(engine, engine.preview_copy.module),
-        _velocity(engine, engine.full_copy.module),
+        _velocity(rollouts, rollouts.preview_copy.module),
+        _velocity(rollouts, rollouts.full_copy.module),
     )
     assert _rel(after_q, before) > 2 * TOLERANCE  # the old adapter really moved the copy
     assert _rel(after_q, after_full) < TOLERANCE

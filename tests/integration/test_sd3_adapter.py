@@ -235,10 +235,10 @@ def test_nft_iteration_trains_the_default_adapter(tmp_path, tiny):
     assert len(lora_b) == 15 and still == ["transformer_blocks.1.attn.add_q_proj.lora_B.default.weight"]
     # rollout, preview and trained levels all on the pipeline's grid: set_timesteps(N) of the model's scheduler
     task = outcome.task
-    grid = _pipeline_grid(task.adapter, task.engine.spec.num_steps)
-    for spec in (task.engine.spec, task.engine.preview_spec):
+    grid = _pipeline_grid(task.adapter, task.rollouts.spec.num_steps)
+    for spec in (task.rollouts.spec, task.rollouts.preview_spec):
         assert spec.grid == "flow_match_euler"
-    assert torch.equal(task.engine.spec.sigmas(task.adapter).cpu(), grid)
+    assert torch.equal(task.rollouts.spec.sigmas(task.adapter).cpu(), grid)
     n = sum(len(g.seeds) for g in task.last_groups)
     batches = task._training_batches(
         task.last_groups, torch.zeros(n), torch.ones(n, dtype=torch.bool), _rng()
