@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated, ClassVar
 
 from sanarl.config.choices import DataSource
+from sanarl.config.ranges import AtLeast
 
 
 @dataclass
@@ -13,7 +15,9 @@ class DDRLConfig:
     """`[train.train_policy.ddrl]`: DDRL's data term and steps (docs/algorithms.md, "DDRL"; docs/ddrl.md); its policy
     term is Flow-GRPO's keys. Checked by `sanarl/methods/ddrl/config.py` `check_ddrl_config`."""
 
-    data_beta: float = 0.01
+    METHODS: ClassVar[tuple[str, ...]] = ("ddrl",)
+
+    data_beta: Annotated[float, AtLeast(0)] = 0.01
     """Weight of the flow-matching loss on data (>= 0; Cosmos-RL's DDRL: 0.01; 0 = Flow-GRPO's objective)."""
     data_source: DataSource = "dataset"
     """dataset: the plugin's SFT items (their captions are the prompts); synthetic: base-model samples per group."""
@@ -25,5 +29,5 @@ class DDRLConfig:
     """Grid steps trained per rollout, -1 = one more drawn per rollout ([] = Flow-GRPO's rule; no Fast window)."""
     exp_reward: bool = False
     """Advantages A -> -exp(-A) before the clip (the paper's lambda)."""
-    update_ref_every_iter: int = 0
+    update_ref_every_iter: Annotated[int, AtLeast(0)] = 0
     """Copy the policy into the KL reference every n optimizer steps (0 = the base; LoRA: adapter "ref")."""

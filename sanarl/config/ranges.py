@@ -22,6 +22,8 @@ class Range:
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
+    hint: str = ""
+    """What the message adds after the rule: the published value, or what the bound means."""
 
     def holds(self, value: float) -> bool:
         if isinstance(value, float) and math.isnan(value):
@@ -43,16 +45,19 @@ class Range:
         if value is None or self.holds(value):
             return
         verb = "be" if self.low is None or self.high is None else "lie"
-        raise ConfigError(f"`{key}` = {value!r} is out of range; it must {verb} {self.text()}.")
+        hint = f" ({self.hint})" if self.hint else ""
+        raise ConfigError(f"`{key}` = {value!r} is out of range; it must {verb} {self.text()}{hint}.")
 
 
-def AtLeast(low: float) -> Range:  # noqa: N802  (reads as a type annotation)
-    return Range(low=low)
+def AtLeast(low: float, hint: str = "") -> Range:  # noqa: N802  (reads as a type annotation)
+    return Range(low=low, hint=hint)
 
 
-def Above(low: float) -> Range:  # noqa: N802
-    return Range(low=low, low_open=True)
+def Above(low: float, hint: str = "") -> Range:  # noqa: N802
+    return Range(low=low, low_open=True, hint=hint)
 
 
-def Within(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Range:  # noqa: N802
-    return Range(low=low, high=high, low_open=low_open, high_open=high_open)
+def Within(  # noqa: N802
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False, hint: str = ""
+) -> Range:
+    return Range(low=low, high=high, low_open=low_open, high_open=high_open, hint=hint)

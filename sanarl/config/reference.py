@@ -21,11 +21,13 @@ from sanarl.config import engine, schema
 
 HEADER = """# Configuration reference
 
-Every key of a sanarl preset, section by section: its type, its default, its range and what it does. Generated
-from `sanarl/config/schema.py` by `python -m sanarl.config.reference > docs/configuration.md` (a test fails when
-this file is stale). Choice keys list their values; a range is checked when the config loads (ranges that depend
-on another key, or on the method, are checked there too and named in their messages); `--set` takes the same
-types. Cosmos-RL's own keys that sanarl accepts and reports as ignored or not applicable are in docs/cosmos-rl.md.
+Every key of a sanarl preset, section by section: its type, its default, its range, the methods that read it
+(`all`: every method; the others ignore a key they do not read) and what it does. Generated from the schema
+(`sanarl/config/schema.py` and the `*_schema.py` modules beside it that declare a method's keys) by
+`python -m sanarl.config.reference > docs/configuration.md`; a test fails when this file is stale. Choice keys
+list their values; a range is checked when the config loads (ranges that depend on another key, or on the method,
+are checked there too and named in their messages); `--set` takes the same types. Cosmos-RL's own keys that sanarl
+accepts and reports as ignored or not applicable are in docs/cosmos-rl.md.
 """
 
 
@@ -39,6 +41,14 @@ class KeyDoc:
     doc: str
     range: str = ""
     """The range declared on the field (`>= 1`, `in (0, 1]`), "" when none."""
+    methods: tuple[str, ...] = ()
+    """The methods that read the key (the `METHODS` of the class that declares it); () = every method."""
+
+
+def declaring_class(cls: type, name: str) -> type:
+    """The class of `cls`'s MRO whose body declares field `name` (a section composed of method key groups, e.g.
+    `TrainPolicyConfig`, inherits most of its fields)."""
+    return next(c for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
 
 
 @functools.cache
@@ -93,7 +103,6 @@ def keys(cls: type = schema.Config, prefix: str = "") -> Iterator[tuple[str, typ
     """Each section under `cls` (depth first, in declaration order) with its leaf keys."""
     types = engine.field_types(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
-    docs = field_docs(cls)
     rules = engine.field_rules(cls)
     leaves, sections = [], []
     for name, tp in types.items():
@@ -103,9 +112,10 @@ def keys(cls: type = schema.Config, prefix: str = "") -> Iterator[tuple[str, typ
             sections.append((dotted, sub))
         else:
             limits = ", ".join(r.text() for r in rules.get(name, ()) if hasattr(r, "text"))
-            leaves.append(
-                KeyDoc(dotted, type_name(tp), default_text(by_name[name]), docs.get(name, ""), limits)
-            )
+            owner = declaring_class(cls, name)
+            doc = field_docs(owner).get(name, "")
+            methods = tuple(getattr(owner, "METHODS", ()))
+            leaves.append(KeyDoc(dotted, type_name(tp), default_text(by_name[name]), doc, limits, methods))
     yield prefix.rstrip("."), cls, leaves
     for dotted, sub in sections:
         yield from keys(sub, f"{dotted}.")
@@ -132,14 +142,15 @@ def render() -> str:
             "",
             _cell(summary),
             "",
-            "| key | type | default | range | what it does |",
-            "|---|---|---|---|---|",
+            "| key | type | default | range | methods | what it does |",
+            "|---|---|---|---|---|---|",
         ]
         for k in leaves:
             name = k.dotted.rsplit(".", 1)[-1]
             limits = f"`{_cell(k.range)}`" if k.range else ""
+            methods = ", ".join(k.methods) or "all"
             out.append(
-                f"| `{name}` | `{_cell(k.type_name)}` | `{_cell(k.default)}` | {limits} | {_cell(k.doc)} |"
+                f"| `{name}` | `{_cell(k.type_name)}` | `{_cell(k.default)}` | {limits} | {methods} | {_cell(k.doc)} |"
             )
         out.append("")
     return "\n".join(out)

@@ -10,29 +10,27 @@ Precedence: `--set` overrides > preset file > these defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from sanarl.config.choices import (
-    AdvMode,
     Dtype,
-    LevelGrid,
     Logger,
     OdeSolver,
     Optimizer,
-    PreviewPrecision,
-    RolloutBackend,
-    RolloutFamily,
-    Selection,
     SigmaGrid,
-    SoarRolloutType,
     Solver,
     TaskType,
     VaeLatents,
-    VideoReduction,
-    WeightCopyDecay,
     Weighting,
 )
 from sanarl.config.ddrl_schema import DDRLConfig
+from sanarl.config.group_rl_schema import (  # noqa: F401 (RolloutConfig re-exported)
+    FlowGRPOPolicy,
+    GroupDiffusers,
+    NFTDiffusers,
+    NFTPolicy,
+    RolloutConfig,
+)
 from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
     GUARD_ACTIONS,
     GUARD_IMAGE_STATS,
@@ -41,6 +39,8 @@ from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
     GuardMetricConfig,
 )
 from sanarl.config.ranges import Above, AtLeast, Within
+from sanarl.config.reward_schema import RemoteRewardConfig, RewardFnConfig  # noqa: F401 (re-exported)
+from sanarl.config.soar_schema import SoarConfig
 
 
 @dataclass
@@ -89,15 +89,15 @@ class SampleConfig:
     dpm_flow | linspace | uniform (unshifted linspace(1, 0, N + 1), `flow_shift` unused: Sol-RL's SANA
     sampler); None = the one the family's diffusers pipeline samples on by default (SD3.5, SANA,
     SANA-Video: their scheduler's `set_timesteps(N)` grid; FLUX: linspace)."""
-    # --- evaluation sampler (exactness, issue 16) ---
+    # --- evaluation sampler ---
     eval_solver: OdeSolver | None = None
     """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
     references evaluate): euler | dpm2; None = `solver` when it is an ODE solver, else euler."""
 
 
 @dataclass
-class DiffusersConfig:
-    """`[policy.diffusers]`: diffusion-specific model and objective settings."""
+class DiffusersKeys:
+    """The `[policy.diffusers]` keys every method reads."""
 
     is_video: bool = False
     """Video model (SANA-Video) instead of image."""
@@ -119,22 +119,8 @@ class DiffusersConfig:
     """Std of the logit-normal density."""
     mode_scale: float = 1.29
     """m of the `mode` density."""
-    timesteps_fraction: Annotated[float, Within(0, 1, low_open=True)] = 0.99
-    """Fraction of the rollout grid levels trained per sample (NFT). Cosmos-RL's `timestep_fraction` is an alias."""
-    nft_beta: float = 1.0
-    """DiffusionNFT beta (mixing of the trained and old velocities)."""
-    weight_copy_decay_type: WeightCopyDecay = 1
-    """Old-adapter decay schedule: 0 on-policy, 1 min(0.001 step, 0.5), 2 delayed (0 before step 75, then
-    min(0.0075 (step - 75), 0.999)), 3 Sol-RL's custom ramp min(step custom_decay_value / custom_decay_step,
-    custom_decay_value)."""
-    custom_decay_step: int = 0
-    """Decay type 3: optimizer steps over which the decay ramps from 0 up to `custom_decay_value` (> 0; Sol-RL's
-    `custom_decay_step`)."""
-    custom_decay_value: float = 0.0
-    """Decay type 3: the decay it ramps up to and then holds (> 0; Sol-RL's `custom_decay_value`)."""
     dtype: Dtype = "float32"
     """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
-    # --- frozen LoRA base (flux, issue 22) ---
     frozen_base_float32: bool = False
     """LoRA runs: hold the frozen transformer in float32 too, instead of `dtype` (only the LoRA parameters are float32
     by default, as diffusers' LoRA scripts do). Full fine-tunes always train float32 master weights."""
@@ -143,10 +129,16 @@ class DiffusersConfig:
     (tiny word-level models set false)."""
     caption_dropout: Annotated[float, Within(0, 1)] = 0.0
     """Probability of replacing a training caption by "" (enables CFG after SFT)."""
-    # --- exactness (issue 16) ---
     vae_latents: VaeLatents = "sample"
     """Training latents of a VAE with a posterior (SD3, FLUX): "sample" draws z = mean + std eps with eps from the step's
     seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""
+
+
+@dataclass
+class DiffusersConfig(NFTDiffusers, GroupDiffusers, DiffusersKeys):
+    """`[policy.diffusers]`: diffusion-specific model and objective settings (DiffusionNFT's and the group-RL
+    methods' keys are declared in group_rl_schema.py)."""
+
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 
@@ -168,44 +160,6 @@ class PolicyConfig:
 
 
 @dataclass
-class RolloutConfig:
-    """`[rollout]`: generation for RL tasks."""
-
-    backend: RolloutBackend = "diffusers"
-    """Generation engine (only "diffusers": sanarl's own sampling loop on the diffusers model)."""
-    n_generation: int = 8
-    """Group size K: images per prompt."""
-    batch_size: int = 8
-    """Images generated per forward pass."""
-    family: RolloutFamily = "diffusionnft"
-    """Sol-RL rollout family: diffusionnft (K per prompt) | naive_scaling (M drafts, keep K) | compile (M drafts from
-    a torch.compile'd merged copy, keep K) | naive_quant (M drafts from a quantized copy, keep K) | sol_rl
-    (quantized preview of M drafts at preview_step steps, keep K seeds, regenerate them at full precision)."""
-    num_candidates: int = 0
-    """M: drafts per prompt for the multi-candidate families (0 = n_generation, i.e. no search)."""
-    selection: Selection = "best_worst"
-    """How K of M drafts are kept: best_worst | random | mean_deviation | extremes_random (Sol-RL's: argmax and argmin,
-    the rest at random) | best_worst_random (best_worst of K // 2, the rest at random). docs/algorithms.md."""
-    preview_step: int = 6
-    """Sampling steps of the sol_rl preview stage."""
-    preview_precision: PreviewPrecision = "fp8"
-    """Preview / quantized-copy precision: nvfp4 (Blackwell, transformer-engine NVFP4BlockScaling) | fp8 (sm_89+
-    GPUs: transformer-engine, else torch-native FP8) | e2m1_delayed (Sol-RL's recipe, transformer-engine
-    DelayedScaling(fp8_format=E2M1, amax_history_len=16), which runs as FP8 E5M2 on sm_89+) | int8 (CPU: dynamic int8
-    linear layers) | auto (the best of those the machine has) | bf16 (no quantization: the preview is cheaper by its
-    step count only). Backends: sanarl/training/quantize.py."""
-    nvfp4_min_dim: int = 2240
-    """Linear layers (1x1 convolutions included) whose largest side is <= this stay unquantized; `sanarl validate`
-    prints how many layers and what share of the weights the quantized copy replaces."""
-    compile_mode: str = "max-autotune-no-cudagraphs"
-    """torch.compile mode of the inference copy (compile / naive_quant / sol_rl families)."""
-    reward_workers: int = 1
-    """Threads scoring rewards while the next prompt group is sampled (0 = score synchronously)."""
-    reward_deadline_s: float = 600.0
-    """A reward call taking longer than this fails the step with a message (no silent hang)."""
-
-
-@dataclass
 class DatasetConfig:
     """`[train.train_policy.dataset]` / `[validation.dataset]`: what the plugin loads."""
 
@@ -222,74 +176,8 @@ class DatasetConfig:
 
 
 @dataclass
-class RewardFnConfig:
-    """`[[train.train_policy.remote_reward.reward_fns]]`: one reward in the weighted sum."""
-
-    name: str = ""
-    """Registered reward name (docs/rewards.md lists them), e.g. "pickscore"."""
-    weight: float = 1.0
-    """Weight of this reward in the sum (after its own clip)."""
-    score_key: str = ""
-    """Key of the reward's output to use ("" = the reward's default key)."""
-    clip_min: float | None = None
-    """Clamp this reward's score from below before weighting (None = no clamp)."""
-    clip_max: float | None = None
-    """Clamp this reward's score from above before weighting (None = no clamp)."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the reward's constructor (model paths, device, dtype, batch_size, ...), e.g.
-    `options = { model = "reward_ckpts/clip", batch_size = 16 }`; checked against the reward's signature."""
-
-
-@dataclass
-class RemoteRewardConfig:
-    """`[train.train_policy.remote_reward]`: the reward combination (in-process or through the service)."""
-
-    reward_fns: list[RewardFnConfig] = field(default_factory=list)
-    """The rewards summed into the trained reward (`[[...reward_fns]]` entries)."""
-    scale: float = 1.0
-    """Multiplier of the clamped weighted sum: reward = clamp(sum w_i clamp(r_i)) x scale."""
-    reward_clip_min: float | None = None
-    """Clamp the weighted sum from below before `scale` (None = no clamp)."""
-    reward_clip_max: float | None = None
-    """Clamp the weighted sum from above before `scale` (None = no clamp)."""
-    video_frame_stride: Annotated[int, AtLeast(1)] = 1
-    """Video rewards: score every N-th frame with the image reward."""
-    video_frame_reduction: VideoReduction = "mean"
-    """Video rewards: how per-frame scores become one score per clip: mean | min | max | median."""
-
-
-@dataclass
-class SoarConfig:
-    """`[train.train_policy.soar]`: SOAR self-correction (docs/algorithms.md, "SOAR")."""
-
-    lambda_aux: float = 1.0
-    """Weight of the auxiliary corrective loss."""
-    num_rollout_paths: int = 1
-    """M: one ODE path plus M - 1 stochastic paths."""
-    trajectory_length: int = 6
-    """P: auxiliary points per path."""
-    num_sampling_steps: int = 40
-    """The one-step rollout moves by 1 / num_sampling_steps in t."""
-    sde_rollout_type: SoarRolloutType = "flow_sde"
-    """Stochastic path step: simple | sde | flow_sde | cps."""
-    sde_noise_scale: float = 0.5
-    """Noise scale (eta) of the stochastic paths."""
-    cfg_scale_sampling: float = 4.5
-    """CFG weight of the rollout velocity (computed without gradient)."""
-    sigma_upper_ratio: float = 1.5
-    """Auxiliary sigmas are drawn from U[s1, min(ratio * s0, 1)] (the public code hard-codes 1; sanarl honours it)."""
-    # --- exactness (issue 16) ---
-    boundary_aux_points: bool = True
-    """Samples at the t1 = 0 boundary keep the ODE path's auxiliary points, as HY-SOAR; false drops them (their
-    targets (z' - z0) / s' divide the rollout error by s' near 0; docs/algorithms.md, "SOAR")."""
-    level_grid: LevelGrid = "scheduler_table"
-    """How s0 and s1 are read off u and t1: scheduler_table (HY-SOAR: the scheduler's 1000-level sigma table at
-    index trunc((1 - t) 1000)) | continuous (s = shift(t); docs/algorithms.md, "Deliberate differences")."""
-
-
-@dataclass
-class TrainPolicyConfig:
-    """`[train.train_policy]`: the task."""
+class TaskKeys:
+    """The `[train.train_policy]` keys that choose the task, for every method."""
 
     type: TaskType = "sft"
     """sft | grpo (Cosmos-RL's name for all reward-based RL)."""
@@ -298,40 +186,14 @@ class TrainPolicyConfig:
     registry's table, sanarl/methods/registry.py)."""
     mini_batch: Annotated[int, AtLeast(1)] = 1
     """Micro-batch size per forward/backward pass."""
-    kl_beta: Annotated[float, AtLeast(0)] = 0.0
-    """Weight of the KL term to the base model (RL)."""
-    advantage_low: float = -5.0
-    """Advantage clip lower bound."""
-    advantage_high: float = 5.0
-    """Advantage clip upper bound."""
-    adv_mode: AdvMode = "all"
-    """DiffusionNFT advantage transform: all | positive_only | negative_only | one_only | binary."""
-    global_std: bool = True
-    """Normalise advantages by the std of all rewards of the iteration (true) or of each prompt group (false)."""
-    clip_range: float = 1e-4
-    """Flow-GRPO PPO clip range on the importance ratio (mean log-prob scale)."""
-    sde_window_size: int = 0
-    """Flow-GRPO-Fast: stochastic steps per rollout inside a random window (0 = every step stochastic)."""
-    sde_window_range: list[int] = field(default_factory=lambda: [0, 10])
-    """Flow-GRPO-Fast: [r0, r1), the steps the window lies inside (its start is uniform in [r0, r1 - size])."""
-    same_noise_per_group: bool = False
-    """Flow-GRPO: one initial noise per prompt group (the samples then differ only by the SDE noise)."""
-    cps_train_last_step: bool = False
-    """Flow-GRPO with CPS: also train the deterministic last step to s' = 0, as flow_grpo does when its trained
-    steps reach it (timesteps_fraction = 1): its log-prob -(x' - mu)^2 has zero gradient on-policy, but it counts
-    in the accumulation divisor (N steps per sample instead of N - 1). Needs kl_beta = 0 (its std is 0)."""
-    optimizer_steps_per_rollout: int = 1
-    """NFT and Flow-GRPO: split each rollout's micro-batches over this many optimizer steps (the several gradient
-    updates per sampling epoch of both public codebases). Flow-GRPO: steps after the first are off-policy, which is
-    where the PPO clip acts. NFT: the old adapter moves once per rollout, after its last step."""
-    ratio_warn_tolerance: float = 1e-3
-    """Flow-GRPO on-policy self-check: warn when the first micro-batch's |ratio - 1| exceeds this."""
-    cfg_in_training: bool = True
-    """Flow-GRPO: with guidance_scale != 1 the training forward uses CFG too (uncond branch detached)."""
-    use_remote_reward: bool = False
-    """Score through the reward service instead of in-process."""
+
+
+@dataclass
+class TrainPolicyConfig(FlowGRPOPolicy, NFTPolicy, TaskKeys):
+    """`[train.train_policy]`: the task. Cosmos-RL's flat section: the group-RL methods' keys are declared in
+    group_rl_schema.py (`GroupPolicy`, `NFTPolicy`, `FlowGRPOPolicy`), SOAR's and DDRL's in their own sections."""
+
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
     soar: SoarConfig = field(default_factory=SoarConfig)
     ddrl: DDRLConfig = field(default_factory=DDRLConfig)
 

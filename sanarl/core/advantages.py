@@ -96,11 +96,8 @@ class PerPromptStatTracker:
 
 
 def clip_advantages(adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """`clamp(adv, low, high)` (config `advantage_low` / `advantage_high`); any shape."""
-    if low > high:
-        raise ValueError(
-            f"advantage clip range is empty: low={low} > high={high}; set advantage_low <= advantage_high."
-        )
+    """`clamp(adv, low, high)` (config `advantage_low` / `advantage_high`, low < high checked at config load);
+    any shape."""
     return adv.clamp(low, high)
 
 
@@ -108,10 +105,8 @@ def nft_adv_transform(adv: torch.Tensor, mode: str, clip_max: float) -> torch.Te
     """DiffusionNFT advantage transform (docs/algorithms.md, "DiffusionNFT", `adv_mode`); any shape, same shape out.
 
     all: clamp(A, -C, C); positive_only: clamp(A, 0, C); negative_only: clamp(A, -C, 0); one_only: 1[A > 0];
-    binary: sign(A). C = `clip_max` (> 0).
+    binary: sign(A). C = `clip_max` (> 0: the range of `advantage_high`, checked at config load).
     """
-    if clip_max <= 0:
-        raise ValueError(f"adv_clip_max must be > 0, got {clip_max}; the published value is 5.0.")
     if mode == "all":
         return adv.clamp(-clip_max, clip_max)
     if mode == "positive_only":

@@ -25,14 +25,13 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017) as used by Flow-GRPO.
 
-    log_prob `[B]` (grad), old_log_prob `[B]` (constant), adv `[B]` (or `[B, 1]`), clip_range eps > 0:
+    log_prob `[B]` (grad), old_log_prob `[B]` (constant), adv `[B]` (or `[B, 1]`), clip_range eps > 0 (its
+    range, checked at config load):
         ratio = exp(log_prob - old_log_prob)
         L = mean_B max(-A ratio, -A clamp(ratio, 1 - eps, 1 + eps))
     Returns `(L, metrics)` with detached 0-dim metrics: ratio_mean, ratio_min, ratio_max, clip_frac (fraction with
     |ratio - 1| > eps) and approx_kl = 0.5 mean (log_prob - old_log_prob)^2.
     """
-    if clip_range <= 0:
-        raise ValueError(f"clip_range must be > 0, got {clip_range}; Flow-GRPO uses 1e-4.")
     if log_prob.ndim != 1:
         raise ValueError(f"ppo_clip_loss needs log_prob of shape [B], got {tuple(log_prob.shape)}.")
     batch = log_prob.shape[0]

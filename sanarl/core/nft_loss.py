@@ -67,7 +67,8 @@ def nft_loss(
     """DiffusionNFT loss on one micro-batch.
 
     Shapes: v_theta, v_old, x_t, x0 (and v_ref) `[B, C, H, W]` or `[B, C, T, H, W]`; t `[B]` (sigma of x_t,
-    `x_t = (1 - t) x0 + t eps`); adv `[B]` or `[B, 1]`. With `C = adv_clip_max`:
+    `x_t = (1 - t) x0 + t eps`); adv `[B]` or `[B, 1]`; beta > 0 and C = adv_clip_max > 0 (the ranges of `nft_beta`
+    and `advantage_high`, checked at config load):
         A_c = nft_adv_transform(adv, adv_mode, C);  r = clamp(A_c / (2C) + 0.5, 0, 1)           [B]
         v_pos = beta v_theta + (1 - beta) v_old;  v_neg = (1 + beta) v_old - beta v_theta
         L_pos = normalised_x0_loss(x_t - t v_pos, x0);  L_neg likewise with v_neg                 [B]
@@ -76,10 +77,6 @@ def nft_loss(
     v_old and v_ref are treated as constants. Computation runs in at least float32. Returns `(loss, metrics)`;
     metrics are detached 0-dim tensors: policy_loss, kl_div_loss, old_deviation (mean (v_theta - v_old)^2), r_mean.
     """
-    if beta <= 0:
-        raise ValueError(
-            f"nft_beta must be > 0 (it divides the loss), got {beta}; the published value is 1.0."
-        )
     if kl_beta > 0 and v_ref is None:
         raise ValueError(
             f"kl_beta={kl_beta} > 0 needs v_ref (the base model's velocity); pass it or set kl_beta 0."

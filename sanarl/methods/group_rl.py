@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
+from sanarl.config.group_rl_schema import GroupPolicy
 from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
-from sanarl.methods.group_config import GroupPolicy, GroupRLView
+from sanarl.methods.group_config import GroupRLView
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices

@@ -51,3 +51,23 @@ def test_a_field_without_a_docstring_is_reported():
         bare: int = 2
 
     assert reference.field_docs(Toy) == {"documented": "Has a doc.", "bare": ""}
+
+
+def test_the_methods_column_names_registered_methods_and_each_view_holds_its_declared_keys():
+    from dataclasses import fields
+
+    from sanarl.config import group_rl_schema
+    from sanarl.methods.registry import METHODS
+
+    named = {m for _, _, leaves in reference.keys() for key in leaves for m in key.methods}
+    assert named <= {m.name for m in METHODS}
+    text = reference.render()
+    assert "| `nft_beta` | `float` | `1.0` | `> 0` | diffusion_nft |" in text
+    assert "| `clip_range` | `float` | `0.0001` | `> 0` | flow_grpo, ddrl |" in text
+    assert "| `lambda_aux` | `float` | `1.0` | `>= 0` | soar |" in text
+    assert "| `optm_lr` | `float` | `0.0001` | `> 0` | all |" in text
+    # the flat Cosmos-RL section is composed of the method key groups: one declaration per key
+    flat = {f.name for f in fields(reference.schema.TrainPolicyConfig)}
+    for group in (group_rl_schema.GroupPolicy, group_rl_schema.NFTPolicy, group_rl_schema.FlowGRPOPolicy):
+        assert issubclass(reference.schema.TrainPolicyConfig, group)
+        assert {f.name for f in fields(group)} <= flat

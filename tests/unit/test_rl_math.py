@@ -91,8 +91,6 @@ def test_clip_and_nft_adv_modes() -> None:
     assert nft_adv_transform(a, "binary", 5.0).tolist() == [-1.0, -1.0, 0.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="unknown adv_mode 'pos'"):
         nft_adv_transform(a, "pos", 5.0)
-    with pytest.raises(ValueError, match="advantage_low <= advantage_high"):
-        clip_advantages(a, 1.0, -1.0)
 
 
 # ---------------------------------------------------------------- reward combiner
@@ -313,8 +311,6 @@ def test_nft_loss_rejects_bad_input() -> None:
     c = _nft_case()
     with pytest.raises(ValueError, match="needs v_ref"):
         nft_loss(**c, adv=torch.zeros(2), beta=1.0, adv_clip_max=5.0, kl_beta=0.1)
-    with pytest.raises(ValueError, match="nft_beta must be > 0"):
-        nft_loss(**c, adv=torch.zeros(2), beta=0.0, adv_clip_max=5.0)
     with pytest.raises(ValueError, match="t of shape"):
         nft_loss(**{**c, "t": torch.tensor([[0.5], [0.5]])}, adv=torch.zeros(2), beta=1.0, adv_clip_max=5.0)
     with pytest.raises(ValueError, match="x0 has shape"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sanarl.config.checks import at_least, require
+from sanarl.config.checks import require
+from sanarl.config.group_rl_schema import FlowGRPOPolicy
 from sanarl.config.schema import Config, DDRLConfig
-from sanarl.methods.flow_grpo.config import FlowGRPOPolicy
 from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
 from sanarl.methods.flow_grpo.config import trained_work as flow_grpo_trained_work
 from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
@@ -51,8 +51,6 @@ def warnings(cfg: Config) -> list[str]:
 def check_ddrl_config(cfg: Config) -> None:
     """`[train.train_policy.ddrl]` against the rest of the config (ConfigError naming the key and the fix)."""
     d, tp = cfg.train.train_policy.ddrl, cfg.train.train_policy
-    at_least(d.data_beta, f"{KEY}.data_beta", 0)
-    at_least(d.update_ref_every_iter, f"{KEY}.update_ref_every_iter", 0)
     if d.update_ref_every_iter > 0:
         _check_ref_updates(cfg, d.update_ref_every_iter)
     if d.train_on:

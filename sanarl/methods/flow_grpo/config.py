@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from sanarl.config.group_rl_schema import FlowGRPOPolicy
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
-    GroupPolicy,
     GroupRLView,
     check_group_rl,
     check_rollout_family,
@@ -19,21 +17,6 @@ from sanarl.methods.work import GuidedRows, TrainedWork
 
 STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
-
-
-@dataclass
-class FlowGRPOPolicy(GroupPolicy):
-    """The group-RL keys plus Flow-GRPO's: the advantage clip's lower bound, the PPO clip range and the on-policy
-    self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in training."""
-
-    advantage_low: float
-    clip_range: float
-    ratio_warn_tolerance: float
-    sde_window_size: int
-    sde_window_range: list[int]
-    same_noise_per_group: bool
-    cps_train_last_step: bool
-    cfg_in_training: bool
 
 
 FlowGRPOView = GroupRLView[FlowGRPOPolicy]
@@ -68,11 +51,6 @@ def validate(cfg: Config) -> None:
             f"train.train_policy.cps_train_last_step = true trains CPS's deterministic last step (flow_grpo's "
             f"divisor); it needs policy.diffusers.sample.solver = 'cps' (got {sample.solver!r}) and "
             f"train.train_policy.kl_beta = 0 (got {tp.kl_beta}: the KL divides by that step's std, 0)."
-        )
-    if tp.clip_range <= 0 or tp.ratio_warn_tolerance < 0:
-        raise ConfigError(
-            f"train.train_policy.clip_range = {tp.clip_range} must be > 0 and ratio_warn_tolerance = "
-            f"{tp.ratio_warn_tolerance} >= 0; Flow-GRPO uses clip_range = 1e-4 and ratio_warn_tolerance = 1e-3."
         )
     if ro.family != "diffusionnft" or ro.num_candidates not in (0, ro.n_generation):
         raise ConfigError(

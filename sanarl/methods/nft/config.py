@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from sanarl.config.checks import at_least, require
-from sanarl.config.choices import AdvMode
+from sanarl.config.checks import require
+from sanarl.config.group_rl_schema import NFTPolicy
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.group_config import (
-    GroupPolicy,
     GroupRLView,
     check_group_rl,
     check_rollout_family,
@@ -18,14 +15,6 @@ from sanarl.methods.group_config import (
     rollouts_for,
 )
 from sanarl.methods.work import GuidedRows, TrainedWork
-
-
-@dataclass
-class NFTPolicy(GroupPolicy):
-    """The group-RL keys plus DiffusionNFT's advantage transform."""
-
-    adv_mode: AdvMode
-
 
 NFTView = GroupRLView[NFTPolicy]
 """The group-RL sections with DiffusionNFT's policy keys; its beta and old-adapter decay are diffusers keys."""
@@ -39,7 +28,6 @@ def validate(cfg: Config) -> None:
     """DiffusionNFT's cross-field checks (ConfigError naming the key and the fix), in the order they report."""
     check_group_rl(cfg)
     tp, lora = cfg.train.train_policy, cfg.policy.lora
-    at_least(cfg.policy.diffusers.nft_beta, "policy.diffusers.nft_beta", 0, strict=True)
     # exactness: DiffusionNFT clips symmetrically at C = advantage_high; a separate lower bound is not honoured
     require(
         tp.advantage_low == -tp.advantage_high,

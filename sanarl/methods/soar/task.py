@@ -42,12 +42,13 @@ such as `sanarl.datasets.soar_jsonl`), else from `sanarl.training.data.step_indi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, get_args
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from sanarl.config.choices import LevelGrid
 from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate, velocity_target
@@ -56,13 +57,7 @@ from sanarl.core.timesteps import loss_weight, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
 from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, encode_media
-from sanarl.methods.soar.config import (
-    LEVEL_GRIDS,
-    SCHEDULER_TABLE_SIZE,
-    SOARView,
-    validate,
-    view,
-)
+from sanarl.methods.soar.config import SCHEDULER_TABLE_SIZE, SOARView, view
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
 from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
@@ -96,18 +91,18 @@ def aux_model_level(s: Tensor, table: Tensor) -> Tensor:
 
 
 def soar_levels(
-    u: Tensor, num_sampling_steps: int, shift: float, grid: str = LEVEL_GRIDS[0]
+    u: Tensor, num_sampling_steps: int, shift: float, grid: LevelGrid = "scheduler_table"
 ) -> tuple[Tensor, Tensor, Tensor]:
     """u [B] -> (s0, s1, active) [B] with t1 = max(u - 1/N, 0) and active = t1 > 0 (docs/algorithms.md, "SOAR").
 
     grid "scheduler_table" (HY-SOAR): s0, s1 = `table_level` of u, t1 in `scheduler_table(shift)`, so the
     boundary t1 = 0 reads s1 = shift(1/1000) > 0; "continuous": s0 = shift(u), s1 = shift(t1) (0 at the boundary).
     """
-    if grid not in LEVEL_GRIDS:
-        raise ValueError(f"unknown SOAR level grid {grid!r}; use one of {', '.join(LEVEL_GRIDS)}.")
     t1 = (u - 1.0 / num_sampling_steps).clamp(min=0.0)
     if grid == "continuous":
         return u_to_sigma(u, shift), u_to_sigma(t1, shift), t1 > 0
+    if grid != "scheduler_table":
+        raise ValueError(f"unknown SOAR level grid {grid!r}; use one of {', '.join(get_args(LevelGrid))}.")
     table = scheduler_table(shift)
     return table_level(u, table), table_level(t1, table), t1 > 0
 
@@ -285,7 +280,6 @@ class SOARTask(Task):
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = view(cfg)
         self.soar = self.view.soar
-        validate(cfg)  # also for a config built in code, which never went through the loader
         self.train_dataset = load_train_dataset(cfg, plugin)
         self.collate = getattr(plugin, "collate", default_collate)
         self.flow_shift = self.view.diffusers.sample.flow_shift
@@ -401,7 +395,6 @@ class SOARTask(Task):
     @staticmethod
     def describe(cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """The batch arithmetic and the SOAR point counts, without loading a model (`sanarl validate`)."""
-        validate(cfg)
         run, soar = run_settings(cfg), view(cfg).soar
         bpr, mb = run.batch_per_replica, run.mini_batch
         per_rank = per_rank_batch(run, world)
