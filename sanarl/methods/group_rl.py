@@ -25,6 +25,7 @@ from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
 from sanarl.methods.group_config import GroupRLView
+from sanarl.methods.loading import check_config
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
@@ -63,16 +64,13 @@ class GroupRLTask(Task):
 
     view: GroupRLView[GroupPolicy]
     """What the method reads: its `[train.train_policy]` keys, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
-    method_checks: Callable[[Config], None]
-    """The method's config checks (its config.py `validate`, the one the loader runs), run again by the constructor
-    for a config built in code; set by each method as `staticmethod(validate)`."""
     method_view: Callable[[Config], GroupRLView[GroupPolicy]]
     """The method's view (its config.py `view`), set as `staticmethod(view)`."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        self.method_checks(cfg)  # also for a config built in code, which never went through the loader
+        check_config(cfg)  # the loader's checks, also for a config built in code
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = self.method_view(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+import sanarl
 from sanarl import api
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, DataError
@@ -361,20 +362,23 @@ def test_micro_batch_and_rank_splits_give_the_same_gradient(monkeypatch) -> None
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("num_rollout_paths", 0, "num_rollout_paths` = 0 must be >= 1"),
-        ("sigma_upper_ratio", 0.9, "sigma_upper_ratio` = 0.9 must be >= 1"),
-        ("sde_rollout_type", "euler", "must be one of simple, sde, flow_sde, cps"),
-        ("level_grid", "table", "level_grid` = 'table' must be one of scheduler_table, continuous"),
+        ("num_rollout_paths", 0, "num_rollout_paths` = 0 is out of range; it must be >= 1"),
+        ("sigma_upper_ratio", 0.9, "sigma_upper_ratio` = 0.9 is out of range; it must be >= 1"),
+        ("sde_rollout_type", "euler", "set it to one of 'simple', 'sde', 'flow_sde', 'cps'"),
+        ("level_grid", "table", "level_grid` = 'table' is not supported"),
         ("num_sampling_steps", 1001, "must be <= 1000 with level_grid = scheduler_table"),
-        ("trajectory_length", 0, "trajectory_length` = 0 must be >= 1"),
-        ("lambda_aux", -1.0, "lambda_aux` = -1.0 must be >= 0"),
+        ("trajectory_length", 0, "trajectory_length` = 0 is out of range; it must be >= 1"),
+        ("lambda_aux", -1.0, "lambda_aux` = -1.0 is out of range; it must be >= 0"),
     ],
 )
 def test_bad_soar_settings_are_config_errors(field: str, value, message: str) -> None:
+    """One check: a task built in code raises what the loader raises for the same value set with --set."""
     with pytest.raises(ConfigError, match=message):
         SOARTask(_cfg(**{field: value}), FakeAdapter(TinyNet()), _plugin())
-    with pytest.raises(ConfigError, match="--set train.train_policy.soar."):
-        SOARTask.describe(_cfg(**{field: value}), 16, 1)
+    preset = Path(sanarl.__file__).parent / "presets" / "tiny-shapes-soar.toml"
+    text = repr(value).replace("'", '"')
+    with pytest.raises(ConfigError, match=message):
+        load_config(preset, [f"train.train_policy.soar.{field}={text}"])
 
 
 def _jsonl_data(root: Path, buckets: dict[tuple[int, int], int]) -> Path:

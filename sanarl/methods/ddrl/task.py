@@ -37,7 +37,7 @@ from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.core.timesteps import sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import ConfigError, DataError
-from sanarl.methods.ddrl.config import DDRLView, uses_data_items, validate, view
+from sanarl.methods.ddrl.config import DDRLView, uses_data_items, view
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, GRPOBatch
 from sanarl.methods.flow_grpo.trajectory import Trajectory, trainable_positions
 from sanarl.methods.group_rl import checked_prompt_dataset
@@ -75,7 +75,6 @@ class DDRLTask(FlowGRPOTask):
     `train_on` steps, the exp-reward advantages and the moving KL reference."""
 
     view: DDRLView
-    method_checks = staticmethod(validate)
     method_view = staticmethod(view)
 
     def __init__(
@@ -277,7 +276,7 @@ class DDRLTask(FlowGRPOTask):
 
     @classmethod
     def describe(cls, cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
-        """Flow-GRPO's plan with DDRL's trained steps, data term and loss (its checks run there, once)."""
+        """Flow-GRPO's plan with DDRL's trained steps, data term and loss."""
         rows = super().describe(cfg, dataset_size, world)
         d, tp = cfg.train.train_policy.ddrl, cfg.train.train_policy
         source = (

@@ -48,7 +48,7 @@ from sanarl.core.advantages import clip_advantages
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step
-from sanarl.methods.flow_grpo.config import FlowGRPOView, validate, view
+from sanarl.methods.flow_grpo.config import FlowGRPOView, view
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
     sample_trajectories,
@@ -117,7 +117,6 @@ class FlowGRPOTask(GroupRLTask):
 
     lora_names = ("default",)
     view: FlowGRPOView
-    method_checks = staticmethod(validate)
     method_view = staticmethod(view)
 
     def __init__(
@@ -367,9 +366,7 @@ class FlowGRPOTask(GroupRLTask):
 
     @classmethod
     def describe(cls, cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
-        """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes (the
-        config has passed the method's checks, `method_checks`, run again here for a config built in code)."""
-        cls.method_checks(cfg)
+        """The run's arithmetic: prompts x group per rank, rollout sampler, trained steps, backward passes."""
         v, run = cls.method_view(cfg), run_settings(cfg)
         tp, sample = v.train_policy, v.diffusers.sample
         k, bpr, mb, n = v.rollout.n_generation, run.batch_per_replica, run.mini_batch, sample.num_steps

@@ -20,7 +20,7 @@ from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
-from sanarl.methods.nft.config import NFTView, validate, view
+from sanarl.methods.nft.config import NFTView, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
@@ -54,7 +54,6 @@ class NFTTask(GroupRLTask):
 
     lora_names = ("default", "old")
     view: NFTView
-    method_checks = staticmethod(validate)
     method_view = staticmethod(view)
 
     # --- 1-3: rollout, advantages, batches -------------------------------------------------------------------

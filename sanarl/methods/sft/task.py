@@ -21,6 +21,7 @@ from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
+from sanarl.methods.loading import check_config
 from sanarl.methods.sft.config import SFTView, view
 from sanarl.models.base import DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
@@ -112,6 +113,7 @@ class SFTTask(Task):
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
+        check_config(cfg)  # the loader's checks, also for a config built in code
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.train_dataset = load_train_dataset(cfg, plugin)
         self.collate = getattr(plugin, "collate", default_collate)

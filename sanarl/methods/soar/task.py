@@ -56,6 +56,7 @@ from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward,
 from sanarl.core.timesteps import loss_weight, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
+from sanarl.methods.loading import check_config
 from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, encode_media
 from sanarl.methods.soar.config import SCHEDULER_TABLE_SIZE, SOARView, view
 from sanarl.models.base import Cond, DiffusionAdapter
@@ -277,6 +278,7 @@ class SOARTask(Task):
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
+        check_config(cfg)  # the loader's checks, also for a config built in code
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = view(cfg)
         self.soar = self.view.soar
