@@ -26,7 +26,7 @@ def machine_memory(local_ranks: int) -> tuple[float, str]:
     of this node."""
     import torch
 
-    if torch.cuda.is_available():
+    if machine_kernels() == "cuda":
         free, _ = torch.cuda.mem_get_info()
         return float(free), "this GPU's free memory"
     return available_ram() / max(1, local_ranks), "this machine's available RAM" + (
