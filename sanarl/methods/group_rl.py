@@ -24,12 +24,12 @@ from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
+from sanarl.methods.checked_task import CheckedTask
 from sanarl.methods.group_config import GroupRLView
-from sanarl.methods.loading import check_config
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data import step_indices
-from sanarl.training.protocol import RunSettings, Task, per_rank_batch, run_settings
+from sanarl.training.protocol import RunSettings, per_rank_batch, run_settings
 from sanarl.training.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def checked_prompt_dataset(dataset, cfg: Config, world: int):
     return dataset
 
 
-class GroupRLTask(Task):
+class GroupRLTask(CheckedTask):
     """Base of the group-based RL tasks: prompt stream, group seeds, cross-rank advantages, updates per rollout,
     DDP padding, reward metrics. Subclasses supply `_rollout_batches` and `_padding_batch` (and the objective)."""
 
@@ -70,7 +70,6 @@ class GroupRLTask(Task):
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        check_config(cfg)  # the loader's checks, also for a config built in code
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = self.method_view(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)

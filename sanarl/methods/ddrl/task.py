@@ -224,21 +224,14 @@ class DDRLTask(FlowGRPOTask):
         chosen = select_train_on(train_on, candidates, rng)
         return [steps.index(i) for i in chosen]
 
-    def _batch_extras(
-        self,
-        rows: torch.Tensor,
-        trajectories: list[Trajectory],
-        j: int,
-        positions: list[int],
-        rng: torch.Generator,
-    ) -> dict:
-        """The data term's x0 (the rows' groups'), noise and level for the rows at stored position j."""
+    def _batch_extras(self, rows: torch.Tensor, step: int, first: bool, rng: torch.Generator) -> dict:
+        """The data term's x0 (the rows' groups'), noise and level for the rows at grid step `step`."""
         d = self.view.ddrl
         if not self._data_term:
             return {}
         x0 = self._data_x0[rows // self.view.rollout.n_generation]
         if d.use_rl_sigma_and_noise:
-            s = self.sigmas[trajectories[0].steps[j]].expand(len(rows)).clone()
+            s = self.sigmas[step].expand(len(rows)).clone()
             eps = self._initial[rows]
         else:
             diff = self.view.diffusers
@@ -248,7 +241,7 @@ class DDRLTask(FlowGRPOTask):
             )  # fmt: skip
             s = u_to_sigma(u, self.spec.shift)
             eps = torch.randn(x0.shape, generator=rng)
-        on = not d.data_on_first_only or j == positions[0]
+        on = not d.data_on_first_only or first
         return {"data_x0": x0, "data_eps": eps, "data_s": s.float(), "data_on": on}
 
     def _padding_batch(self) -> DDRLBatch:

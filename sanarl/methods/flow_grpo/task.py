@@ -205,15 +205,9 @@ class FlowGRPOTask(GroupRLTask):
             windowed=self.view.train_policy.sde_window_size > 0,
         )
 
-    def _batch_extras(
-        self,
-        rows: torch.Tensor,
-        trajectories: list[Trajectory],
-        j: int,
-        positions: list[int],
-        rng: torch.Generator,
-    ) -> dict:
-        """Fields a subclass adds to the micro-batch of `rows` (indices of this rank's samples) at position j."""
+    def _batch_extras(self, rows: torch.Tensor, step: int, first: bool, rng: torch.Generator) -> dict:
+        """Fields a subclass adds to the micro-batch of `rows` (indices of this rank's samples) at grid step `step`
+        (`first`: the rollout's first trained step)."""
         return {}
 
     def _training_batches(
@@ -251,7 +245,7 @@ class FlowGRPOTask(GroupRLTask):
                         chunk=start // mb,
                         cond=cond.select(idx),
                         weight=1.0,
-                        **self._batch_extras(rows[idx], trajectories, j, positions, rng),
+                        **self._batch_extras(rows[idx], i, j == positions[0], rng),
                     )
                 )
         return batches

@@ -19,13 +19,12 @@ from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config, DiffusersConfig
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
-from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
-from sanarl.methods.loading import check_config
+from sanarl.methods.checked_task import ItemTask
 from sanarl.methods.sft.config import SFTView, view
 from sanarl.models.base import DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
+from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.sampling import grid_shift
 
 
@@ -104,7 +103,7 @@ class SFTBatch(TypedDict, total=False):
     """[B, *latent] posterior noise of a sampling VAE encoder (only then)."""
 
 
-class SFTTask(Task):
+class SFTTask(ItemTask):
     """Supervised flow-matching fine-tune on the plugin's `{"prompt", "image"}` (or `{"prompt", "video"}`) items."""
 
     view: SFTView
@@ -113,10 +112,7 @@ class SFTTask(Task):
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        check_config(cfg)  # the loader's checks, also for a config built in code
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.train_dataset = load_train_dataset(cfg, plugin)
-        self.collate = getattr(plugin, "collate", default_collate)
         self.view = view(cfg)
         self.diff = self.view.diffusers
         self.flow_shift = self.diff.sample.flow_shift

@@ -54,14 +54,13 @@ from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward, soar_normaliser, soar_step
 from sanarl.core.timesteps import loss_weight, u_to_sigma
-from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import DataError
-from sanarl.methods.loading import check_config
+from sanarl.methods.checked_task import ItemTask
 from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, encode_media
 from sanarl.methods.soar.config import SCHEDULER_TABLE_SIZE, SOARView, view
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.data import split_batch, step_indices
-from sanarl.training.protocol import Task, load_train_dataset, per_rank_batch, run_settings, steps_plan
+from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.sampling import grid_shift
 
 
@@ -269,7 +268,7 @@ class SOARBatch(TypedDict, total=False):
     aux_scale: torch.Tensor
 
 
-class SOARTask(Task):
+class SOARTask(ItemTask):
     """The `sft` / `soar` task: flow matching plus the self-correction loss on the model's own rollout steps."""
 
     view: SOARView
@@ -278,12 +277,9 @@ class SOARTask(Task):
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
-        check_config(cfg)  # the loader's checks, also for a config built in code
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.view = view(cfg)
         self.soar = self.view.soar
-        self.train_dataset = load_train_dataset(cfg, plugin)
-        self.collate = getattr(plugin, "collate", default_collate)
         self.flow_shift = self.view.diffusers.sample.flow_shift
         self._metrics: dict[str, float] = {}
         self._check_buckets()
