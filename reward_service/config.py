@@ -180,7 +180,7 @@ class ServiceConfig:
     """Modules or .py files imported before rewards are built (they register rewards with
     `@sanarl.rewards.register`)."""
     log_level: LogLevel = "info"
-    """Log level of the service and its workers: debug | info | warning | error."""
+    """Log level of the service and its workers."""
     redis: RedisConfig = field(default_factory=RedisConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)

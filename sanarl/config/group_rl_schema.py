@@ -67,7 +67,7 @@ class NFTPolicy(GroupPolicy):
     METHODS: ClassVar[tuple[str, ...]] = ("diffusion_nft",)
 
     adv_mode: AdvMode = "all"
-    """DiffusionNFT advantage transform: all | positive_only | negative_only | one_only | binary."""
+    """DiffusionNFT's advantage transform (docs/algorithms.md, "DiffusionNFT")."""
 
 
 @dataclass

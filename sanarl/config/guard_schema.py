@@ -29,7 +29,7 @@ class GuardMetricConfig:
     """`heldout/<reward>/<key>` (a `validation.held_out_rewards` reward's key, e.g. `heldout/shapes/extra`: objects
     beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation)."""
     worse: GuardWorse = "higher"
-    """higher | lower: the direction in which the metric worsens."""
+    """The direction in which the metric worsens."""
     margin: float = 0.0
     """Alarm when the metric is worse than its best validation value by more than this (metric units, >= 0)."""
 

@@ -45,4 +45,4 @@ class RemoteRewardConfig:
     video_frame_stride: Annotated[int, AtLeast(1)] = 1
     """Video rewards: score every N-th frame with the image reward."""
     video_frame_reduction: VideoReduction = "mean"
-    """Video rewards: how per-frame scores become one score per clip: mean | min | max | median."""
+    """Video rewards: how per-frame scores become one score per clip."""

@@ -75,7 +75,7 @@ class SampleConfig:
     noise_level: Annotated[float, AtLeast(0)] = 0.0
     """eta of the SDE / CPS samplers (0 = deterministic ODE)."""
     solver: Solver = "euler"
-    """euler | dpm2 (DPM-Solver++ 2M on x0) | flow_sde | cps."""
+    """The sampling solver: dpm2 is DPM-Solver++ 2M on x0; flow_sde and cps are stochastic (with log-probabilities)."""
     deterministic_sampling: bool = True
     """Use the ODE solver for rollouts even if `solver` is stochastic (NFT)."""
     flow_shift: Annotated[float | None, Above(0)] = None
@@ -112,7 +112,7 @@ class DiffusersKeys:
     inference_frames: int = 41
     """Frames per generated clip (video); 41 as Cosmos-RL."""
     weighting_scheme: Weighting = "logit_normal"
-    """Timestep density for SFT: logit_normal | mode | uniform | sigma_sqrt | cosmap."""
+    """Timestep density for SFT."""
     logit_mean: float = 0.0
     """Mean of the logit-normal density."""
     logit_std: Annotated[float, Above(0)] = 1.0
@@ -120,7 +120,7 @@ class DiffusersKeys:
     mode_scale: float = 1.29
     """m of the `mode` density."""
     dtype: Dtype = "float32"
-    """Weights dtype of the frozen parts (text encoder, VAE, frozen base): float32 | bfloat16 | float16."""
+    """Weights dtype of the frozen parts (text encoder, VAE, frozen base)."""
     frozen_base_float32: bool = False
     """LoRA runs: hold the frozen transformer in float32 too, instead of `dtype` (only the LoRA parameters are float32
     by default, as diffusers' LoRA scripts do). Full fine-tunes always train float32 master weights."""
@@ -180,7 +180,7 @@ class TaskKeys:
     """The `[train.train_policy]` keys that choose the task, for every method."""
 
     type: TaskType = "sft"
-    """sft | grpo (Cosmos-RL's name for all reward-based RL)."""
+    """The task; grpo is Cosmos-RL's name for all reward-based RL."""
     trainer_type: str = ""
     """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl; for sft "" (plain SFT) | soar (the method
     registry's table, sanarl/methods/registry.py)."""
@@ -229,7 +229,7 @@ class TrainConfig:
     resume: bool | str = False
     """false, true (newest checkpoint in output_dir) or a checkpoint path."""
     optm_name: Optimizer = "AdamW"
-    """Optimizer: AdamW | Adam | SGD."""
+    """The torch optimizer."""
     optm_lr: Annotated[float, Above(0)] = 1e-4
     """Peak learning rate (after the linear warm-up; constant afterwards)."""
     optm_impl: str = "foreach"
@@ -251,7 +251,7 @@ class TrainConfig:
     ema_update_step_interval: Annotated[int, AtLeast(1)] = 1
     """Update the EMA every N optimizer steps."""
     param_dtype: Dtype = "float32"
-    """Mixed precision of the trained model: float32 | bfloat16 | float16."""
+    """Mixed precision of the trained model."""
     compile: bool = False
     """torch.compile the training forward (and Sol-RL's rollout copies)."""
     max_num_steps: Annotated[int | None, AtLeast(1)] = None
@@ -290,7 +290,7 @@ class LoggingConfig:
     """`[logging]`."""
 
     logger: list[Logger] = field(default_factory=lambda: ["console"])
-    """Any of console | wandb | tensorboard."""
+    """Where the metrics go (any of the values)."""
     project_name: str = "sanarl"
     """Tracker project (wandb project, tensorboard run folder's parent)."""
     experiment_name: str = ""

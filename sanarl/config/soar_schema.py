@@ -26,7 +26,7 @@ class SoarConfig:
     num_sampling_steps: Annotated[int, AtLeast(1, "the rollout step is 1/N in t; 40")] = 40
     """The one-step rollout moves by 1 / num_sampling_steps in t."""
     sde_rollout_type: SoarRolloutType = "flow_sde"
-    """Stochastic path step: simple | sde | flow_sde | cps."""
+    """The step of the stochastic paths."""
     sde_noise_scale: Annotated[float, AtLeast(0, "default 0.5")] = 0.5
     """Noise scale (eta) of the stochastic paths."""
     cfg_scale_sampling: float = 4.5
