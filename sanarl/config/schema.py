@@ -42,6 +42,11 @@ from sanarl.config.ranges import Above, AtLeast, Within
 from sanarl.config.reward_schema import RemoteRewardConfig, RewardFnConfig  # noqa: F401 (re-exported)
 from sanarl.config.soar_schema import SoarConfig
 
+MAX_SEED = 2**32 - 1
+"""The largest `train.seed` (per-step seeds add the step and rank to it; numpy takes 32-bit seeds)."""
+MAX_LR = 1.0
+"""The largest `train.optm_lr` accepted (inf, nan and absurd values fail validation, not the run)."""
+
 
 @dataclass
 class LoraConfig:
@@ -220,7 +225,7 @@ class TrainConfig:
 
     epoch: Annotated[int, AtLeast(1)] = 1
     """Passes over the training set (RL: over the prompt set); `max_num_steps` and `max_wall_minutes` stop earlier."""
-    seed: int = 42
+    seed: Annotated[int, Within(0, MAX_SEED, hint="the generators' seed range")] = 42
     """Seed of data order, initial noise and every random draw; (seed, step, rank) fix a step exactly."""
     train_batch_per_replica: Annotated[int, AtLeast(1)] = 1
     """Samples per optimizer step on each rank (= mini_batch x accumulation steps)."""
@@ -230,7 +235,10 @@ class TrainConfig:
     """false, true (newest checkpoint in output_dir) or a checkpoint path."""
     optm_name: Optimizer = "AdamW"
     """The torch optimizer."""
-    optm_lr: Annotated[float, Above(0)] = 1e-4
+    optm_lr: Annotated[
+        float,
+        Within(0, MAX_LR, low_open=True, hint="a larger one diverges at once; typical values: 1e-5 to 1e-3"),
+    ] = 1e-4
     """Peak learning rate (after the linear warm-up; constant afterwards)."""
     optm_impl: str = "foreach"
     """torch optimizer implementation: foreach | fused | for-loop."""

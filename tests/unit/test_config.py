@@ -433,7 +433,7 @@ def test_mini_batch_must_divide_train_batch() -> None:
         (["train.param_dtype=bf16"], ["`train.param_dtype` = 'bf16'"]),
         (["logging.logger=console,mlflow"], ["`logging.logger[1]` = 'mlflow'", "'tensorboard'"]),
         (["train.optm_name=adamw"], ["`train.optm_name` = 'adamw'", "did you mean 'AdamW'?"]),
-        (["train.optm_lr=0"], ["`train.optm_lr` = 0.0", "> 0"]),
+        (["train.optm_lr=0"], ["`train.optm_lr` = 0.0", "in (0, 1.0]"]),
         (["train.ema_decay=1"], ["`train.ema_decay` = 1.0", "[0, 1)"]),
         (["policy.diffusers.weight_copy_decay_type=4"], ["weight_copy_decay_type` = 4", "0, 1, 2, 3"]),
         (

@@ -65,7 +65,7 @@ def test_the_methods_column_names_registered_methods_and_each_view_holds_its_dec
     assert "| `nft_beta` | `float` | `1.0` | `> 0` | diffusion_nft |" in text
     assert "| `clip_range` | `float` | `0.0001` | `> 0` | flow_grpo, ddrl |" in text
     assert "| `lambda_aux` | `float` | `1.0` | `>= 0` | soar |" in text
-    assert "| `optm_lr` | `float` | `0.0001` | `> 0` | all |" in text
+    assert "| `optm_lr` | `float` | `0.0001` | `in (0, 1.0]` | all |" in text
     # the flat Cosmos-RL section is composed of the method key groups: one declaration per key
     flat = {f.name for f in fields(reference.schema.TrainPolicyConfig)}
     for group in (group_rl_schema.GroupPolicy, group_rl_schema.NFTPolicy, group_rl_schema.FlowGRPOPolicy):
