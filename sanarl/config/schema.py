@@ -133,7 +133,8 @@ class DiffusersKeys:
     """SANA: prepend the pipeline's complex human instruction to prompts, as SANA's own inference does
     (tiny word-level models set false)."""
     caption_dropout: Annotated[float, Within(0, 1)] = 0.0
-    """Probability of replacing a training caption by "" (enables CFG after SFT)."""
+    """Probability of replacing a training caption by the empty prompt, encoded as CFG's unconditional branch
+    encodes it (enables CFG after SFT)."""
     vae_latents: VaeLatents = "sample"
     """Training latents of a VAE with a posterior (SD3, FLUX): "sample" draws z = mean + std eps with eps from the step's
     seeded generator, as the references; "mode" takes the posterior mean (a deterministic encoding)."""

@@ -177,6 +177,11 @@ class DiffusionAdapter(ABC):
     def encode_prompts(self, prompts: list[str]) -> Cond:
         """prompts -> Cond (no grad; the text encoder is frozen)."""
 
+    def encode_negative_prompts(self, prompts: list[str]) -> Cond:
+        """Negative (unconditional) prompts -> Cond, as the family's pipeline encodes its `negative_prompt`; the
+        same as `encode_prompts` unless the pipeline encodes the two differently (SANA: no complex instruction)."""
+        return self.encode_prompts(prompts)
+
     @abstractmethod
     def _forward(self, module: nn.Module, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """The raw model call with the family's timestep scaling and conditioning."""
@@ -264,14 +269,34 @@ class DiffusionAdapter(ABC):
         name = self.grid_name(grid_name)
         return grid(name, num_steps, shift, num_train_timesteps=self.num_train_timesteps, device=device)
 
+    def empty_prompt(self) -> Cond:
+        """The empty prompt, encoded as the pipeline encodes its negative prompt: CFG's unconditional branch and a
+        dropped training caption. Encoded once per adapter (the text encoders are frozen)."""
+        if self._empty_prompt is None:
+            self._empty_prompt = self.encode_negative_prompts([""])
+        return self._empty_prompt
+
     def uncond_for(self, guidance_scale: float) -> Cond | None:
         """The empty prompt's cond where guidance at `guidance_scale` runs an unconditional branch (a CFG family,
-        w != 1), else None; encoded once per adapter (the text encoders are frozen)."""
+        w != 1), else None."""
         if guidance_scale == 1.0 or not self.cfg_batch:
             return None
-        if self._empty_prompt is None:
-            self._empty_prompt = self.encode_prompts([""])
-        return self._empty_prompt
+        return self.empty_prompt()
+
+    def encode_captions(self, prompts: list[str], keep: list[bool]) -> Cond:
+        """Training captions under caption dropout: a kept caption encoded as a prompt, a dropped one as
+        `empty_prompt`, the unconditional branch the model is later sampled with."""
+        kept = [p for p, k in zip(prompts, keep, strict=True) if k]
+        if not kept:
+            return self.empty_prompt().expand_to(len(prompts))
+        cond = self.encode_prompts(kept)
+        if len(kept) == len(prompts):
+            return cond
+        rows, at = [], 0
+        for k in keep:
+            rows.append(at if k else len(kept))
+            at += k
+        return Cond.cat([cond, self.empty_prompt()]).select(rows)
 
     def guided_velocity(
         self,

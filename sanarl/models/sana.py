@@ -1,7 +1,8 @@
 """SANA / SANA 1.5 image adapter (diffusers `SanaPipeline`: SanaTransformer2DModel, DC-AE, Gemma-2).
 
 Prompts: `SanaPipeline.encode_prompt` with `complex_human_instruction` = the pipeline's own default instruction (the
-lines `SanaPipeline.__call__` prepends) when `policy.diffusers.complex_human_instruction` is on, else none.
+lines `SanaPipeline.__call__` prepends) when `policy.diffusers.complex_human_instruction` is on, else none; the
+empty prompt of CFG's unconditional branch never has it, as the pipeline encodes its negative prompt.
 
 Latents: `z = vae.encode(2x - 1).latent * scaling_factor` (DC-AE, or sanarl's pixel-space PixelAutoencoder for the
 tiny CPU model). The transformer is called with the float timestep `1000 * s * timestep_scale` and the text mask as
@@ -53,17 +54,24 @@ class GemmaSanaAdapter(DiffusionAdapter):
         on = policy.diffusers.complex_human_instruction
         self.instruction = pipeline_instruction(self.pipeline_cls) if on else None
 
-    @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
         """Gemma-2 hidden states [B, L, D] and mask [B, L], as the pipeline's `encode_prompt` computes them (with the
         pipeline's complex human instruction when `complex_human_instruction` is on)."""
+        return self._gemma(prompts, self.instruction)
+
+    def encode_negative_prompts(self, prompts: list[str]) -> Cond:
+        """As the pipeline encodes its negative prompt: never with the complex human instruction."""
+        return self._gemma(prompts, None)
+
+    @torch.no_grad()
+    def _gemma(self, prompts: list[str], instruction: list[str] | None) -> Cond:
         with self.resident(self.text_encoder):
             embeds, mask, _, _ = self.pipeline.encode_prompt(
                 list(prompts),
                 do_classifier_free_guidance=False,
                 device=self.device,
                 max_sequence_length=self.max_prompt_length,
-                complex_human_instruction=self.instruction,
+                complex_human_instruction=instruction,
             )
         return Cond(embeds=embeds, mask=mask)
 

@@ -112,3 +112,27 @@ def test_complex_human_instruction_is_the_pipelines_own():
     torch.testing.assert_close(without.embeds, plain[0], rtol=0, atol=0)
     assert with_chi.embeds.shape == without.embeds.shape
     assert (with_chi.embeds - without.embeds).abs().max() > 1e-3
+
+
+def test_guided_sampling_with_the_instruction_matches_the_pipelines_default_call():
+    """`complex_human_instruction = true` with CFG: `SanaPipeline.__call__` with its defaults encodes the prompt with
+    its instruction and the negative prompt "" without one; sanarl's guided sampling gives the same latents."""
+    from adapter_contract import LENGTH, PROMPTS, SEEDS, STEPS, sample_sanarl
+
+    on = load_adapter(policy("sana-dcae", complex_human_instruction=True, max_prompt_length=LENGTH))
+    on.transformer.eval()
+    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
+    theirs = on.pipeline(
+        prompt=[PROMPTS[0]] * len(SEEDS), num_inference_steps=STEPS, guidance_scale=4.5, height=32, width=32,
+        max_sequence_length=LENGTH, use_resolution_binning=False, generator=generators, output_type="latent",
+    ).images  # fmt: skip
+    ours = sample_sanarl(on, 4.5)
+    assert (ours - theirs).abs().max().item() < 1e-5
+    negative = on.pipeline.encode_prompt([""], do_classifier_free_guidance=False, device="cpu",
+                                         max_sequence_length=LENGTH, complex_human_instruction=None)  # fmt: skip
+    torch.testing.assert_close(on.uncond_for(4.5).embeds, negative[0], rtol=0, atol=0)
+    # a dropped training caption is that same unconditional prompt; a kept one has the instruction
+    captions = on.encode_captions(list(PROMPTS), [False, True])
+    torch.testing.assert_close(captions.embeds[0], negative[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(captions.select([1]).embeds, on.encode_prompts([PROMPTS[1]]).embeds, rtol=0, atol=0)
+    assert torch.equal(captions.mask[0], negative[1][0])

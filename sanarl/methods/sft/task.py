@@ -147,10 +147,7 @@ class SFTTask(ItemTask):
         adapter, diff = self.adapter, self.diff
         media = batch[media_key(batch, self.plugin.__name__)]
         x0 = encode_media(adapter, media, batch)
-        prompts = [
-            p if keep else "" for p, keep in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)
-        ]
-        cond = adapter.encode_prompts(prompts)
+        cond = adapter.encode_captions(batch["prompt"], batch["keep_caption"].tolist())
         s = u_to_sigma(batch["u"], self.shift(media)).to(x0.device)
         eps = batch["eps"].to(x0.device)
         v = adapter.velocity(interpolate(x0, eps, s), s, cond)

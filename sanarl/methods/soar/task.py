@@ -352,8 +352,7 @@ class SOARTask(ItemTask):
 
     def _cond(self, batch: dict) -> Cond:
         """The captions' cond, caption dropout applied (the rollout and the trained forwards use the same one)."""
-        prompts, keep = batch["prompt"], batch["keep_caption"].tolist()
-        return self.adapter.encode_prompts([p if k else "" for p, k in zip(prompts, keep, strict=True)])
+        return self.adapter.encode_captions(batch["prompt"], batch["keep_caption"].tolist())
 
     def objective(self, batch: SOARBatch, rng: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         adapter, soar = self.adapter, self.soar
