@@ -134,5 +134,7 @@ def test_guided_sampling_with_the_instruction_matches_the_pipelines_default_call
     # a dropped training caption is that same unconditional prompt; a kept one has the instruction
     captions = on.encode_captions(list(PROMPTS), [False, True])
     torch.testing.assert_close(captions.embeds[0], negative[0][0], rtol=0, atol=0)
-    torch.testing.assert_close(captions.select([1]).embeds, on.encode_prompts([PROMPTS[1]]).embeds, rtol=0, atol=0)
+    torch.testing.assert_close(
+        captions.select([1]).embeds, on.encode_prompts([PROMPTS[1]]).embeds, rtol=0, atol=0
+    )
     assert torch.equal(captions.mask[0], negative[1][0])

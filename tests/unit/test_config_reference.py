@@ -15,7 +15,7 @@ REFRESH = "python -m sanarl.config.reference > docs/configuration.md"
 
 def test_every_key_of_the_schema_has_a_doc():
     assert reference.undocumented() == [], (
-        "write a docstring under each of these fields in sanarl/config/schema.py"
+        "write a docstring under each of these fields (sanarl/config/schema.py or the *_schema.py module declaring it)"
     )
 
 
