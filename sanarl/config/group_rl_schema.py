@@ -22,19 +22,10 @@ from sanarl.config.choices import (
     WeightCopyDecay,
 )
 from sanarl.config.ranges import Above, AtLeast, Within
-from sanarl.config.reward_schema import RemoteRewardConfig
+from sanarl.config.reward_schema import RewardKeys
 
 GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl")
 """The methods that roll out prompt groups and learn from their rewards."""
-
-
-@dataclass
-class RewardKeys:
-    """Where the rewards are scored: in-process or by the reward service, and with which scorers."""
-
-    use_remote_reward: bool = False
-    """Score through the reward service instead of in-process."""
-    remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`[train.train_policy.remote_reward]`, the reward combination every method that scores rewards reads (the
-group-RL methods in training, `sanarl eval` and the guard's held-out rewards), kept beside the schema that
-re-exports it."""
+group-RL methods in training, `sanarl eval` and the guard's held-out rewards), and the `[train.train_policy]` keys
+that say where it is scored (`RewardKeys`); kept beside the schema that re-exports them."""
 
 from __future__ import annotations
 
@@ -46,3 +46,12 @@ class RemoteRewardConfig:
     """Video rewards: score every N-th frame with the image reward."""
     video_frame_reduction: VideoReduction = "mean"
     """Video rewards: how per-frame scores become one score per clip."""
+
+
+@dataclass
+class RewardKeys:
+    """Where the rewards are scored: in-process or by the reward service, and with which scorers."""
+
+    use_remote_reward: bool = False
+    """Score through the reward service instead of in-process."""
+    remote_reward: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
