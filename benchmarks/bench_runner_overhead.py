@@ -62,7 +62,7 @@ def bare_inputs(runner) -> dict[str, torch.Tensor]:
     """Step 0's batch as model-ready tensors: x_s [B,C,H,W], timestep [B], embeds [B,L,D], mask [B,L], target."""
     from sanarl.core.flow import interpolate, velocity_target
     from sanarl.core.timesteps import u_to_sigma
-    from sanarl.training.data import step_generator
+    from sanarl.training.data_order import step_generator
 
     task, adapter = runner.task, runner.task.adapter
     rng = step_generator(runner.cfg.train.seed, 0, 0)

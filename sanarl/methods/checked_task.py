@@ -4,6 +4,9 @@ and `ItemTask`, which also reads the plugin's training items."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.datasets.common import collate as default_collate
@@ -13,13 +16,20 @@ from sanarl.training.protocol import Task, load_train_dataset
 
 
 class CheckedTask(Task):
-    """A `Task` built from a checked config (ConfigError naming the key and the fix before anything is built)."""
+    """A `Task` built from a checked config (ConfigError naming the key and the fix before anything is built), with
+    the method's view of it."""
+
+    view: Any
+    """What the method reads of the config (its config.py's view; a subclass declares its type)."""
+    method_view: Callable[[Config], Any]
+    """The method's view function (its config.py `view`), set as `staticmethod(view)`."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
         check_config(cfg)
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
+        self.view = self.method_view(cfg)
 
 
 class ItemTask(CheckedTask):

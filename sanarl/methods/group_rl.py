@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from sanarl.methods.checked_task import CheckedTask
 from sanarl.methods.group_config import GroupRLView
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
-from sanarl.training.data import step_indices
+from sanarl.training.data_order import step_indices
 from sanarl.training.protocol import RunSettings, per_rank_batch, run_settings
 from sanarl.training.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 
@@ -64,14 +64,11 @@ class GroupRLTask(CheckedTask):
 
     view: GroupRLView[GroupPolicy]
     """What the method reads: its `[train.train_policy]` keys, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
-    method_view: Callable[[Config], GroupRLView[GroupPolicy]]
-    """The method's view (its config.py `view`), set as `staticmethod(view)`."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.view = self.method_view(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)
         self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
         self.rollouts: Rollouts | None = None

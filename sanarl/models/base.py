@@ -283,6 +283,12 @@ class DiffusionAdapter(ABC):
             return None
         return self.empty_prompt()
 
+    def training_guidance(self, guidance_scale: float, cfg_in_training: bool) -> float:
+        """The guidance a trained forward runs at, for rollouts at `guidance_scale`: theirs with `cfg_in_training`,
+        else 1 (no CFG batch). A guidance-distilled family (`cfg_batch` False) always embeds the rollout's guidance,
+        a model input like the prompt."""
+        return guidance_scale if cfg_in_training or not self.cfg_batch else 1.0
+
     def encode_captions(self, prompts: list[str], keep: list[bool]) -> Cond:
         """Training captions under caption dropout: a kept caption encoded as a prompt, a dropped one as
         `empty_prompt`, the unconditional branch the model is later sampled with."""

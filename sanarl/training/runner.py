@@ -43,7 +43,7 @@ from sanarl.training.checkpoint import (
     save_checkpoint,
     umask_modes,
 )
-from sanarl.training.data import step_generator
+from sanarl.training.data_order import step_generator
 from sanarl.training.distributed import (
     full_parameters,
     full_tensors,

@@ -22,7 +22,7 @@ from sanarl.datasets import shapes
 from sanarl.methods.ddrl.task import DDRLTask
 from sanarl.methods.loading import load_config
 from sanarl.models.base import Cond
-from sanarl.training.data import step_generator
+from sanarl.training.data_order import step_generator
 from sanarl.training.rollout import group_seeds
 from sanarl.training.tracking import read_metrics
 

@@ -220,11 +220,14 @@ def test_flow_grpo_iteration_with_embedded_guidance(tmp_path, cfg_in_training):
     assert task.rollouts.uncond is None  # guidance 2 is embedded: no CFG batch, no empty prompt
     default = adapter_parameters(adapter.transformer, "default")
     assert any(v.abs().max() > 0 for k, v in default.items() if "lora_B" in k)
-    # the KL reference runs at the rollout's embedded guidance whatever cfg_in_training says
+    # the policy and the KL reference run at the rollout's embedded guidance whatever cfg_in_training says
     cond = adapter.encode_prompts(PROMPTS)
     x, s = torch.randn(2, 4, 8, 8), torch.tensor([0.4, 0.8])
-    with torch.no_grad(), adapters_disabled(adapter.trainable_module()):
-        base_at_2 = pack_free_velocity(adapter.pipeline, x, s, cond, 2.0, adapter.transformer)
+    with torch.no_grad():
+        policy_at_2 = pack_free_velocity(adapter.pipeline, x, s, cond, 2.0, adapter.transformer)
+        torch.testing.assert_close(task._policy_velocity(x, s, cond), policy_at_2)
+        with adapters_disabled(adapter.trainable_module()):
+            base_at_2 = pack_free_velocity(adapter.pipeline, x, s, cond, 2.0, adapter.transformer)
     torch.testing.assert_close(task._reference_velocity(x, s, cond), base_at_2)
 
 

@@ -13,7 +13,7 @@ import torch
 from sanarl import api
 from sanarl.methods.flow_grpo.task import FlowGRPOTask
 from sanarl.methods.loading import load_config
-from sanarl.training.data import step_generator
+from sanarl.training.data_order import step_generator
 
 pytestmark = pytest.mark.slow
 

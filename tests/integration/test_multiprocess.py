@@ -44,7 +44,7 @@ def _records(run: Path) -> list[dict]:
 def test_ranks_split_the_global_batch_and_keep_identical_weights(launched):
     ranks = [_report(launched, r) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
-    from sanarl.training.data import step_indices
+    from sanarl.training.data_order import step_indices
 
     steps, per_rank = 3, 4  # train_batch_per_replica 8 = 2 ranks x 4
     for rank, report in enumerate(ranks):  # rank 0 then reads the validation prompts
@@ -88,7 +88,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(launched, tm
     import ddp_checks
 
     from sanarl.methods.sft import task as sft
-    from sanarl.training.data import step_generator
+    from sanarl.training.data_order import step_generator
 
     original, real_noise, seen = sft.SFTTask.micro_batches, sft.draw_flow_matching_noise, {}
 

@@ -1,11 +1,11 @@
-"""The distributed sampler (sanarl.training.data.step_indices) without processes: every world size covers each item
+"""The distributed sampler (sanarl.training.data_order.step_indices) without processes: every world size covers each item
 exactly once per epoch, ranks never overlap, and W ranks read exactly what one rank with the global batch reads."""
 
 from __future__ import annotations
 
 import pytest
 
-from sanarl.training.data import step_indices
+from sanarl.training.data_order import step_indices
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

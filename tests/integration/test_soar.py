@@ -21,7 +21,7 @@ from sanarl.methods.loading import load_config
 from sanarl.methods.soar.config import view
 from sanarl.methods.soar.task import SOARTask, aux_count, aux_points, draw_randomness, loss_scale, soar_levels
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.training.data import split_batch
+from sanarl.training.data_order import split_batch
 from sanarl.training.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -124,7 +124,7 @@ class FlowGRPOTask(GroupRLTask):
     ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         tp, w = self.view.train_policy, self.view.diffusers.sample.guidance_scale
-        if w != 1.0 and not tp.cfg_in_training:
+        if self.adapter.training_guidance(w, tp.cfg_in_training) != w:
             log.warning(
                 "flow_grpo: rollouts use CFG (guidance_scale = %s) but train.train_policy.cfg_in_training = false, "
                 "so training re-evaluates log-probs without CFG and the importance ratios will not be 1.",
@@ -319,7 +319,7 @@ class FlowGRPOTask(GroupRLTask):
         """`_policy_velocity`, and with `extra = (x_e, s_e)` ([B, ...], [B]) also the conditional, unguided
         velocity at those rows under the same conditioning, from the same single forward (one forward per backward,
         as DDP needs; DDRL's data term)."""
-        w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training else 1.0
+        w = self._training_guidance()
         uncond = self.rollouts.uncond
         if extra is None:
             return self.adapter.guided_velocity(x, s, cond, uncond, w), None
@@ -338,11 +338,16 @@ class FlowGRPOTask(GroupRLTask):
     @torch.no_grad()
     def _reference_velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         """The reference model's velocity, guided like the policy's: base weights (LoRA off) or the frozen copy."""
-        # a guidance-distilled model (no CFG batch) embeds the rollout's guidance in every forward
-        embedded = not self.adapter.cfg_batch
-        w = self.spec.guidance_scale if self.view.train_policy.cfg_in_training or embedded else 1.0
         with self._reference_weights() as module:
-            return self.adapter.guided_velocity(x, s, cond, self.rollouts.uncond, w, module)
+            return self.adapter.guided_velocity(
+                x, s, cond, self.rollouts.uncond, self._training_guidance(), module
+            )
+
+    def _training_guidance(self) -> float:
+        """The guidance of the policy's and the reference's forwards (the family decides, `training_guidance`)."""
+        return self.adapter.training_guidance(
+            self.spec.guidance_scale, self.view.train_policy.cfg_in_training
+        )
 
     @contextmanager
     def _reference_weights(self) -> Iterator[torch.nn.Module | None]:

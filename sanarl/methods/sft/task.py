@@ -15,15 +15,13 @@ from typing import TypedDict
 
 import torch
 
-from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config, DiffusersConfig
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.timesteps import loss_weight, sample_u, u_to_sigma
 from sanarl.errors import DataError
 from sanarl.methods.checked_task import ItemTask
 from sanarl.methods.sft.config import SFTView, view
-from sanarl.models.base import DiffusionAdapter
-from sanarl.training.data import split_batch, step_indices
+from sanarl.training.data_order import split_batch, step_indices
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.sampling import grid_shift
 
@@ -108,18 +106,11 @@ class SFTTask(ItemTask):
 
     view: SFTView
     """The sections SFT reads (its config.py)."""
-
-    def __init__(
-        self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
-    ) -> None:
-        super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.view = view(cfg)
-        self.diff = self.view.diffusers
-        self.flow_shift = self.diff.sample.flow_shift
+    method_view = staticmethod(view)
 
     def shift(self, media: torch.Tensor) -> float:
         """The grid shift for this batch's image size: `sample.flow_shift`, else the model's own for that size."""
-        return grid_shift(self.adapter, self.flow_shift, *media.shape[-2:])
+        return grid_shift(self.adapter, self.view.diffusers.sample.flow_shift, *media.shape[-2:])
 
     def steps_per_epoch(self) -> int:
         return max(1, len(self.train_dataset) // self.run.batch_per_replica)
@@ -138,13 +129,13 @@ class SFTTask(ItemTask):
         key = media_key(batch, self.plugin.__name__)
         latent = latent_shape_of(self.adapter, batch[key].shape)
         # 2. the whole batch's randomness at once, so any micro-batch split gives the same numbers
-        batch.update(draw_flow_matching_noise(self.diff, len(idx), latent, rng))
+        batch.update(draw_flow_matching_noise(self.view.diffusers, len(idx), latent, rng))
         batch.update(draw_vae_noise(self.adapter, len(idx), latent, rng))
         return split_batch(batch, self.run.mini_batch)
 
     def objective(self, batch: SFTBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         """3. The weighted flow-matching loss of one micro-batch."""
-        adapter, diff = self.adapter, self.diff
+        adapter, diff = self.adapter, self.view.diffusers
         media = batch[media_key(batch, self.plugin.__name__)]
         x0 = encode_media(adapter, media, batch)
         cond = adapter.encode_captions(batch["prompt"], batch["keep_caption"].tolist())

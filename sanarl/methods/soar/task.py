@@ -36,7 +36,7 @@ sum_{all ranks, all micro-batches} (L_main + lambda_aux L_aux) / max(N_main + la
 Per-sample randomness (u, z1, the caption dropout draw, s', the stochastic paths' noise) is drawn for the whole
 per-rank batch in `micro_batches` from the step generator, so any micro-batch split gives the same numbers. Data
 comes from the plugin's `batch_items(step, rank, world, per_rank)` hook when its dataset has one (bucketed datasets
-such as `sanarl.datasets.soar_jsonl`), else from `sanarl.training.data.step_indices` as in SFT.
+such as `sanarl.datasets.soar_jsonl`), else from `sanarl.training.data_order.step_indices` as in SFT.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from sanarl.methods.checked_task import ItemTask
 from sanarl.methods.sft.task import draw_flow_matching_noise, draw_vae_noise, encode_media
 from sanarl.methods.soar.config import SCHEDULER_TABLE_SIZE, SOARView, view
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.training.data import split_batch, step_indices
+from sanarl.training.data_order import split_batch, step_indices
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
 from sanarl.training.sampling import grid_shift
 
@@ -273,12 +273,12 @@ class SOARTask(ItemTask):
 
     view: SOARView
     """The sections SOAR reads (its config.py)."""
+    method_view = staticmethod(view)
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
-        self.view = view(cfg)
         self.soar = self.view.soar
         self.flow_shift = self.view.diffusers.sample.flow_shift
         self._metrics: dict[str, float] = {}
