@@ -55,6 +55,8 @@ VideoReduction = Literal["mean", "min", "max", "median"]
 """How per-frame scores of a clip become one score (trainer and reward service)."""
 Optimizer = Literal["AdamW", "Adam", "SGD"]
 """`train.optm_name`."""
+OptimizerImpl = Literal["foreach", "fused", "for-loop"]
+"""`train.optm_impl`: torch's multi-tensor, fused or per-parameter optimizer step."""
 Logger = Literal["console", "wandb", "tensorboard"]
 """Entries of `logging.logger`."""
 GuardWorse = Literal["higher", "lower"]

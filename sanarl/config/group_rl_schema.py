@@ -70,7 +70,7 @@ class FlowGRPOPolicy(GroupPolicy):
 
     clip_range: Annotated[float, Above(0, "Flow-GRPO uses 1e-4")] = 1e-4
     """PPO clip range on the importance ratio (mean log-prob scale)."""
-    sde_window_size: int = 0
+    sde_window_size: Annotated[int, AtLeast(0, "0 = every step stochastic")] = 0
     """Flow-GRPO-Fast: stochastic steps per rollout inside a random window (0 = every step stochastic)."""
     sde_window_range: list[int] = field(default_factory=lambda: [0, 10])
     """Flow-GRPO-Fast: [r0, r1), the steps the window lies inside (its start is uniform in [r0, r1 - size])."""

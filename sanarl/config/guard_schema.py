@@ -5,9 +5,10 @@ re-exports it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Annotated, get_args
 
 from sanarl.config.choices import GuardAction, GuardWorse
+from sanarl.config.ranges import AtLeast
 from sanarl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ class GuardMetricConfig:
     beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation)."""
     worse: GuardWorse = "higher"
     """The direction in which the metric worsens."""
-    margin: float = 0.0
-    """Alarm when the metric is worse than its best validation value by more than this (metric units, >= 0)."""
+    margin: Annotated[float, AtLeast(0)] = 0.0
+    """Alarm when the metric is worse than its best validation value by more than this (metric units)."""
 
 
 @dataclass
@@ -86,5 +87,3 @@ class GuardConfig:
                 f"`{where}.key` = {m.key!r} is not a guard metric; use `heldout/<reward>/<key>` (a reward of "
                 f"`validation.held_out_rewards`) or `heldout/image/<stat>` with stat one of {GUARD_IMAGE_STATS}."
             )
-        if not m.margin >= 0:
-            raise ConfigError(f"`{where}.margin` = {m.margin!r} is out of range; it must be >= 0.")

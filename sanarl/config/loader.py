@@ -135,20 +135,32 @@ def apply_overrides(
     return apply_to(ENGINE, cfg, overrides, record)
 
 
+_PASSED: dict[tuple[object, ...], list[str]] = {}
+"""Configs that passed `check_config` (their repr and the method table's entries) -> their warnings: a config is
+checked once, at load, and the task built from it finds it here (an edited copy is checked again)."""
+
+
 def check_config(cfg: Config, methods: MethodTable) -> list[str]:
     """Cross-field validation against the method table `methods`; raises ConfigError (naming the key and the fix)
-    on the first invalid setting.
+    on the first invalid setting. A config equal to one that passed against the same table is not checked again.
 
     Returns warnings for settings that are valid but have no effect: the method's, then the generic ones.
     """
+    key = (repr(cfg), *((m.policy_type, m.trainer_type, m.validate, m.warnings) for m in methods))
+    if key not in _PASSED:
+        if len(_PASSED) >= 64:
+            _PASSED.clear()
+        _PASSED[key] = _check(cfg, methods)
+    return list(_PASSED[key])
+
+
+def _check(cfg: Config, methods: MethodTable) -> list[str]:
     ENGINE.check_choices(cfg)  # a config built in code has skipped the build's checks of the Literal fields
     method = checks.check_task(cfg, methods)  # the (type, trainer_type) pair is one of `methods`: its entry
     checks.check_rewards(cfg)
     if method.validate is not None:
         method.validate(cfg)  # the method's own checks (sanarl/methods/<method>/config.py)
-    checks.check_lora(cfg)
     checks.check_diffusers(cfg)
-    checks.check_optimizer(cfg)
     checks.check_run(cfg)
     return method.warnings(cfg) + checks.warnings(cfg)
 

@@ -21,11 +21,12 @@ from sanarl.config import engine, schema
 
 HEADER = """# Configuration reference
 
-Every key of a sanarl preset, section by section: its type, its default, its range, the methods that read it
-(`all`: every method; the others ignore a key they do not read) and what it does. Generated from the schema
+Every key of a sanarl preset, section by section: its type, its default, its rule (a range, or what a list or a
+text must hold), the methods that read it (`all`: every method; the others ignore a key they do not read) and what
+it does. Generated from the schema
 (`sanarl/config/schema.py` and the `*_schema.py` modules beside it that declare a method's keys) by
 `python -m sanarl.config.reference > docs/configuration.md`; a test fails when this file is stale. Choice keys
-list their values; a range is checked when the config loads (ranges that depend on another key, or on the method,
+list their values; a rule is checked when the config loads (rules that depend on another key, or on the method,
 are checked there too and named in their messages); `--set` takes the same types. Cosmos-RL's own keys that sanarl
 accepts and reports as ignored or not applicable are in docs/cosmos-rl.md.
 """
@@ -40,7 +41,7 @@ class KeyDoc:
     default: str
     doc: str
     range: str = ""
-    """The range declared on the field (`>= 1`, `in (0, 1]`), "" when none."""
+    """The rules declared on the field (`>= 1`, `in (0, 1]`, `not empty`), "" when none."""
     methods: tuple[str, ...] = ()
     """The methods that read the key (the `METHODS` of the class that declares it); () = every method."""
 
@@ -142,7 +143,7 @@ def render() -> str:
             "",
             _cell(summary),
             "",
-            "| key | type | default | range | methods | what it does |",
+            "| key | type | default | rule | methods | what it does |",
             "|---|---|---|---|---|---|",
         ]
         for k in leaves:

@@ -4,20 +4,29 @@ that say where it is scored (`RewardKeys`); kept beside the schema that re-expor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from sanarl.config.choices import VideoReduction
-from sanarl.config.ranges import AtLeast
+from sanarl.config.ranges import AtLeast, Holds, NotBlank
+
+FINITE = Holds(math.isfinite, "finite", "`{key}` = {value!r} must be a finite number (e.g. 1.0).")
 
 
 @dataclass
 class RewardFnConfig:
     """`[[train.train_policy.remote_reward.reward_fns]]`: one reward in the weighted sum."""
 
-    name: str = ""
+    name: Annotated[
+        str,
+        NotBlank(
+            "give each [[train.train_policy.remote_reward.reward_fns]] entry a reward name, e.g. "
+            'name = "pickscore"'
+        ),
+    ] = ""
     """Registered reward name (docs/rewards.md lists them), e.g. "pickscore"."""
-    weight: float = 1.0
+    weight: Annotated[float, FINITE] = 1.0
     """Weight of this reward in the sum (after its own clip)."""
     score_key: str = ""
     """Key of the reward's output to use ("" = the reward's default key)."""
@@ -36,7 +45,7 @@ class RemoteRewardConfig:
 
     reward_fns: list[RewardFnConfig] = field(default_factory=list)
     """The rewards summed into the trained reward (`[[...reward_fns]]` entries)."""
-    scale: float = 1.0
+    scale: Annotated[float, FINITE] = 1.0
     """Multiplier of the clamped weighted sum: reward = clamp(sum w_i clamp(r_i)) x scale."""
     reward_clip_min: float | None = None
     """Clamp the weighted sum from below before `scale` (None = no clamp)."""

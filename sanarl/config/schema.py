@@ -17,6 +17,7 @@ from sanarl.config.choices import (
     Logger,
     OdeSolver,
     Optimizer,
+    OptimizerImpl,
     SigmaGrid,
     Solver,
     TaskType,
@@ -38,7 +39,7 @@ from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
     GuardConfig,
     GuardMetricConfig,
 )
-from sanarl.config.ranges import Above, AtLeast, Within
+from sanarl.config.ranges import Above, AtLeast, Holds, Items, NotBlank, Only, Within
 from sanarl.config.reward_schema import RemoteRewardConfig, RewardFnConfig  # noqa: F401 (re-exported)
 from sanarl.config.soar_schema import SoarConfig
 
@@ -61,7 +62,15 @@ class LoraConfig:
     target_modules: list[str] = field(default_factory=list)
     """Module name suffixes that receive adapters (diffusers names); empty = the model family's default (SANA:
     attn1/attn2 to_q, to_k, to_v, to_out.0; SD3.5: the joint attention's projections)."""
-    lora_names: list[str] = field(default_factory=lambda: ["default"])
+    lora_names: Annotated[
+        list[str],
+        Holds(
+            lambda names: "default" in names and len(set(names)) == len(names),
+            'holds "default", no duplicates',
+            '`{key}` = {value!r} must contain "default" (the trained adapter) with no duplicates; set lora_names = '
+            '["default"] (SFT) or ["default", "old"] (DiffusionNFT).',
+        ),
+    ] = field(default_factory=lambda: ["default"])
     """Adapters to create. RL tasks use ["default", "old"]: "default" trains, "old" is the behaviour policy."""
     lora_dropout: Annotated[float, Within(0, 1, high_open=True)] = 0.0
     """Dropout on the LoRA branch."""
@@ -110,7 +119,9 @@ class DiffusersKeys:
     """Keep the text encoder and VAE on CPU between uses."""
     max_prompt_length: Annotated[int, AtLeast(1)] = 300
     """Text-encoder token budget; the same in training, rollout and eval."""
-    inference_size: list[int] = field(default_factory=lambda: [1024, 1024])
+    inference_size: Annotated[
+        list[int], Items(2, Above(0), "[height, width] with two positive integers", "[1024, 1024]")
+    ] = field(default_factory=lambda: [1024, 1024])
     """[H, W] of generated and training images."""
     train_frames: int = 41
     """Frames per training clip (video); 41 is Cosmos-RL's default, which its SANA-Video recipes keep."""
@@ -152,9 +163,11 @@ class DiffusersConfig(NFTDiffusers, GroupDiffusers, DiffusersKeys):
 class PolicyConfig:
     """`[policy]`: which model to post-train."""
 
-    model_name_or_path: str = "sanarl-tiny:shapes"
+    model_name_or_path: Annotated[
+        str, NotBlank('set a hub id, a local pipeline dir or "sanarl-tiny:shapes"')
+    ] = "sanarl-tiny:shapes"
     """Hub id or local diffusers pipeline dir. `sanarl-tiny:<name>` builds a tiny random-init model locally."""
-    is_diffusers: bool = True
+    is_diffusers: Annotated[bool, Only(True)] = True
     """The model is a diffusers pipeline (the only kind supported)."""
     model_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
@@ -230,7 +243,7 @@ class TrainConfig:
     """Seed of data order, initial noise and every random draw; (seed, step, rank) fix a step exactly."""
     train_batch_per_replica: Annotated[int, AtLeast(1)] = 1
     """Samples per optimizer step on each rank (= mini_batch x accumulation steps)."""
-    output_dir: str = "./outputs/run"
+    output_dir: Annotated[str, NotBlank('set a run directory, e.g. "./outputs/run"')] = "./outputs/run"
     """Run directory (config.toml, metrics, samples, checkpoints, export); relative to the current directory."""
     resume: bool | str = False
     """false, true (newest checkpoint in output_dir) or a checkpoint path."""
@@ -241,11 +254,13 @@ class TrainConfig:
         Within(0, MAX_LR, low_open=True, hint="a larger one diverges at once; typical values: 1e-5 to 1e-3"),
     ] = 1e-4
     """Peak learning rate (after the linear warm-up; constant afterwards)."""
-    optm_impl: str = "foreach"
-    """torch optimizer implementation: foreach | fused | for-loop."""
+    optm_impl: OptimizerImpl = "foreach"
+    """torch optimizer implementation."""
     optm_weight_decay: Annotated[float, AtLeast(0)] = 0.01
     """Decoupled weight decay of AdamW (L2 for Adam / SGD)."""
-    optm_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    optm_betas: Annotated[
+        list[float], Items(2, Within(0, 1, high_open=True), "two numbers in [0, 1)", "[0.9, 0.999]")
+    ] = field(default_factory=lambda: [0.9, 0.999])
     """[beta1, beta2] of Adam / AdamW."""
     optm_grad_norm_clip: Annotated[float, AtLeast(0)] = 1.0
     """Max global grad norm (0 = no clipping)."""

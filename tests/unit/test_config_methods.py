@@ -4,6 +4,7 @@ registry's, and loading a config that way imports no torch and fills nothing on 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Callable
@@ -69,3 +70,24 @@ def test_loading_imports_no_torch_and_importing_sanarl_fills_no_table() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_config_is_checked_once_and_an_edited_one_again() -> None:
+    """The task built from a loaded config finds it checked (the same function, not run twice); a config changed
+    after load, in place or as a copy, meets every check again."""
+    calls: list[int] = []
+
+    def counted(cfg: Config) -> None:
+        calls.append(cfg.train.seed)
+
+    table = (Rules(validate=counted),)
+    cfg = loader.loads_config(SFT.format("mine") + "[train]\nseed = 7\n", methods=table).config
+    assert loader.check_config(cfg, table) == ["mine warns"] and calls == [7]
+    copy = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=8))
+    loader.check_config(copy, table)
+    assert calls == [7, 8]
+    cfg.train.seed = -1  # in place: a new repr, checked again (and refused by the field's range)
+    with pytest.raises(ConfigError, match=r"train.seed"):
+        loader.check_config(cfg, table)
+    assert loader.check_config(copy, (Rules(validate=counted, warnings=lambda c: []),)) == []
+    assert calls == [7, 8, 8]  # another table: checked again

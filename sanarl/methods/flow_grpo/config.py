@@ -78,10 +78,6 @@ def warnings(cfg: Config) -> list[str]:
 
 
 def _check_window(size: int, window_range: list[int], num_steps: int, solver: str) -> None:
-    if size < 0:
-        raise ConfigError(
-            f"train.train_policy.sde_window_size = {size} must be >= 0 (0 = every step stochastic)."
-        )
     if size == 0:
         return
     last = num_steps - 1 if solver == "cps" else num_steps
