@@ -452,6 +452,22 @@ def test_mini_batch_must_divide_train_batch() -> None:
             ["flow_grpo needs stochastic rollouts", "solver = 'flow_sde'"],
         ),
         (["train.optm_betas=0.9"], ["`train.optm_betas` = [0.9]", "two numbers in [0, 1)"]),
+        (["train.optm_betas=0.9,1"], ["`train.optm_betas` = [0.9, 1.0]", "e.g. [0.9, 0.999]"]),
+        (["train.optm_impl=fuse"], ["`train.optm_impl` = 'fuse'", "did you mean 'fused'?", "'for-loop'"]),
+        (["policy.is_diffusers=false"], ["`policy.is_diffusers` = false is not supported; set it to true."]),
+        (["policy.model_name_or_path= "], ["`policy.model_name_or_path` is empty", "sanarl-tiny:shapes"]),
+        (["train.output_dir="], ['`train.output_dir` is empty; set a run directory, e.g. "./outputs/run".']),
+        (["policy.lora.lora_names=default,default"], ['must contain "default"', "no duplicates"]),
+        (
+            [*GRPO, "train.train_policy.remote_reward.reward_fns=[{name = 'shapes', weight = nan}]"],
+            ["`train.train_policy.remote_reward.reward_fns[0].weight` = nan must be a finite number"],
+        ),
+        (["train.train_policy.remote_reward.scale=inf"], ["`train.train_policy.remote_reward.scale` = inf"]),
+        (["train.train_policy.sde_window_size=-1"], ["`train.train_policy.sde_window_size` = -1", ">= 0"]),
+        (
+            ["validation.guard.metrics=[{key = 'heldout/image/brightness', margin = -1}]"],
+            ["`validation.guard.metrics[0].margin` = -1.0 is out of range; it must be >= 0."],
+        ),
     ],
 )
 def test_cross_field_errors_name_key_and_fix(overrides: list[str], fragments: list[str]) -> None:

@@ -66,6 +66,10 @@ def test_the_methods_column_names_registered_methods_and_each_view_holds_its_dec
     assert "| `clip_range` | `float` | `0.0001` | `> 0` | flow_grpo, ddrl |" in text
     assert "| `lambda_aux` | `float` | `1.0` | `>= 0` | soar |" in text
     assert "| `optm_lr` | `float` | `0.0001` | `in (0, 1.0]` | all |" in text
+    # the rules on lists, texts and values show as the ranges do
+    assert "| `optm_betas` | `list[float]` | `[0.9, 0.999]` | `2 values, each in [0, 1)` | all |" in text
+    assert '| `output_dir` | `str` | `"./outputs/run"` | `not empty` | all |' in text
+    assert "| `is_diffusers` | `bool` | `true` | `only true` | all |" in text
     # the flat Cosmos-RL section is composed of the method key groups: one declaration per key
     flat = {f.name for f in fields(reference.schema.TrainPolicyConfig)}
     for group in (group_rl_schema.GroupPolicy, group_rl_schema.NFTPolicy, group_rl_schema.FlowGRPOPolicy):
