@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import torch
 from accelerate import Accelerator
@@ -198,3 +199,14 @@ def reduce_metrics(acc: Accelerator, metrics: dict[str, float]) -> dict[str, flo
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def rank0_minutes_passed(acc: Accelerator, since: float, minutes: float | None) -> bool:
+    """Have `minutes` (None: never) passed on rank 0's monotonic clock since `since`? The same answer on every
+    rank (rank 0's clock decides)."""
+    if minutes is None:
+        return False
+    over = torch.tensor([float(time.monotonic() - since >= 60.0 * minutes)], device=acc.device)
+    if acc.num_processes > 1:
+        torch.distributed.broadcast(over, src=0)
+    return bool(over.item() > 0)

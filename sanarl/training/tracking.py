@@ -171,6 +171,15 @@ def _step_of(record: dict[str, Any]) -> float:
     return step if isinstance(step, int | float) else math.inf
 
 
+PLOTTED_METRICS = ["reward/mean", "loss", "policy_loss", "grad_norm", "lr"]
+"""A run's metrics.png panels (those the run logs)."""
+
+
+def plot_run_metrics(run_dir: Path) -> Path | None:
+    """`<run_dir>/metrics.png` from its metrics.jsonl so far (main process; at each checkpoint and at the end)."""
+    return plot_metrics(run_dir / "metrics.jsonl", run_dir / "metrics.png", PLOTTED_METRICS)
+
+
 def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path | None:
     """Line plots of `keys` against step (one panel each); None when no key has data."""
     import matplotlib

@@ -208,12 +208,12 @@ def test_config_written_is_the_resolved_one(tmp_path):
 def test_a_failing_validation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypatch):
     """Without the reward-hacking guard a step's checkpoint is written before its validation: a validation that
     crashes (here at step 4) leaves the step-4 checkpoint to resume from."""
-    from sanarl.training.runner import Runner
+    from sanarl.training.validation import Validation
 
     def crash(self, step, logger):
         raise RuntimeError(f"validation failed at step {step}")
 
-    monkeypatch.setattr(Runner, "validate", crash)
+    monkeypatch.setattr(Validation, "sample", crash)
     out = tmp_path / "run"
     extra = (
         "validation.enable=true",
