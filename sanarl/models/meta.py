@@ -272,12 +272,6 @@ def example_inputs(
                 return_dict=False)  # fmt: skip
 
 
-def latent_numel(module: nn.Module, arch: Architecture, size: tuple[int, int], frames: int) -> int:
-    """Elements of one sample's latents (the rollout keeps them on the device)."""
-    inputs = example_inputs(module, arch, 1, size, frames, 1)
-    return inputs["hidden_states"].numel()
-
-
 def default_lora_targets(arch: Architecture) -> list[str]:
     """The family adapter's LoRA targets (used when `[policy.lora].target_modules` is empty)."""
     from sanarl.models import ADAPTERS, _adapter_class

@@ -117,14 +117,8 @@ class TrainState:
         if self.ema is None:
             yield
             return
-        backup = [p.detach().clone() for p in self.params]
-        self.ema.copy_to(self.params)
-        try:
+        with self.ema.swap(self.params):
             yield
-        finally:
-            with torch.no_grad():
-                for p, b in zip(self.params, backup, strict=True):
-                    p.copy_(b)
 
 
 def divergence(cfg: Config, ckpt_root: Path, step: int, what: str) -> Diverged:
