@@ -61,7 +61,7 @@ def check_diffusers(cfg: Config) -> None:
         at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)
 
 
-def check_run(cfg: Config) -> None:
+def check_validation(cfg: Config) -> None:
     """`[validation.guard]`: its cross-field checks (the run keys' own rules are on their fields)."""
     v = cfg.validation
     v.guard.check(v)  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)

@@ -155,13 +155,15 @@ def check_config(cfg: Config, methods: MethodTable) -> list[str]:
 
 
 def _check(cfg: Config, methods: MethodTable) -> list[str]:
-    ENGINE.check_choices(cfg)  # a config built in code has skipped the build's checks of the Literal fields
+    ENGINE.check_choices(
+        cfg
+    )  # the Literal choices and each field's declared rules (a config built in code skipped the build)
     method = checks.check_task(cfg, methods)  # the (type, trainer_type) pair is one of `methods`: its entry
     checks.check_rewards(cfg)
     if method.validate is not None:
         method.validate(cfg)  # the method's own checks (sanarl/methods/<method>/config.py)
     checks.check_diffusers(cfg)
-    checks.check_run(cfg)
+    checks.check_validation(cfg)
     return method.warnings(cfg) + checks.warnings(cfg)
 
 
