@@ -155,9 +155,8 @@ def check_config(cfg: Config, methods: MethodTable) -> list[str]:
 
 
 def _check(cfg: Config, methods: MethodTable) -> list[str]:
-    ENGINE.check_choices(
-        cfg
-    )  # the Literal choices and each field's declared rules (a config built in code skipped the build)
+    # the Literal choices and each field's declared rules (a config built in code skipped the build's checks)
+    ENGINE.check_choices(cfg)
     method = checks.check_task(cfg, methods)  # the (type, trainer_type) pair is one of `methods`: its entry
     checks.check_rewards(cfg)
     if method.validate is not None:
