@@ -10,9 +10,11 @@ forward / backward / AdamW step at `--size` px (DC-AE factor 32: 256 px -> 8 x 8
 checkpointing, as the preset. Prints each child's peak RSS, the transformer's bytes by dtype and the ratio. Text
 encoder and VAE are not built: the difference is the transformer's frozen copy, 6.4 GB in float32 vs 3.2 GB in bf16.
 
-    python benchmarks/bench_lora_memory.py [--size 256] [--batch 1] [--threads 2]
+    python benchmarks/bench_lora_memory.py [--size 256] [--batch 1] [--threads 2] [--arch sana-1.6b]
 
-Needs ~12 GB of free memory for the float32 child; run nothing else heavy meanwhile.
+Needs ~12 GB of free memory for the float32 child; run nothing else heavy meanwhile. `--arch tiny` runs the same
+steps on a 2-layer, width-64 SanaTransformer2DModel in seconds (CI runs it so the script cannot rot; its peak RSS is
+the imported libraries', so its ratio says nothing).
 """
 
 from __future__ import annotations
@@ -44,12 +46,27 @@ SANA_1600M = {
     "norm_eps": 1e-6,
 }
 """SanaTransformer2DModel config of Efficient-Large-Model/Sana_1600M_1024px_diffusers (SANA 1.5 1.6B's shape)."""
+SANA_TINY = {
+    **SANA_1600M,
+    "num_attention_heads": 2,
+    "num_layers": 2,
+    "num_cross_attention_heads": 2,
+    "cross_attention_head_dim": 32,
+    "cross_attention_dim": 64,
+    "caption_channels": 64,
+}
+"""SANA 1.6B's config shrunk to 2 layers of width 64 (same latent channels and modules): `--arch tiny`."""
+ARCHITECTURES = {
+    "sana-1.6b": ("SANA 1.6B", SANA_1600M),
+    "tiny": ("tiny SANA (2 layers, width 64)", SANA_TINY),
+}
+"""`--arch` name -> (label printed, SanaTransformer2DModel config)."""
 CAPTION_TOKENS = 300
 """sana-image-nft's max_prompt_length."""
 
 
-def child(frozen_float32: bool, size: int, batch: int, threads: int) -> dict:
-    """One training step in this process; returns its measurements."""
+def child(frozen_float32: bool, size: int, batch: int, threads: int, arch: str = "sana-1.6b") -> dict:
+    """One training step of the `arch` transformer in this process; returns its measurements."""
     import torch
     from diffusers import SanaTransformer2DModel
 
@@ -61,11 +78,12 @@ def child(frozen_float32: bool, size: int, batch: int, threads: int) -> dict:
     torch.manual_seed(0)
     cfg = load_config(PRESET, [f"policy.diffusers.frozen_base_float32={str(frozen_float32).lower()}"]).config
     dtype = transformer_dtype(cfg.policy)
+    config = ARCHITECTURES[arch][1]
     start = time.perf_counter()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # parameters are created in `dtype`, as from_pretrained reads them
     try:
-        model = SanaTransformer2DModel(**SANA_1600M)
+        model = SanaTransformer2DModel(**config)
     finally:
         torch.set_default_dtype(previous)
     lora = cfg.policy.lora
@@ -79,7 +97,7 @@ def child(frozen_float32: bool, size: int, batch: int, threads: int) -> dict:
     side = size // 32
     x = torch.randn(batch, 32, side, side)
     target = torch.randn_like(x)
-    text = torch.randn(batch, CAPTION_TOKENS, 2304)
+    text = torch.randn(batch, CAPTION_TOKENS, config["caption_channels"])
     mask = torch.ones(batch, CAPTION_TOKENS)
     s = torch.rand(batch)
     out = model(x.to(dtype), encoder_hidden_states=text.to(dtype), encoder_attention_mask=mask,
@@ -104,22 +122,29 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--arch",
+        choices=tuple(ARCHITECTURES),
+        default="sana-1.6b",
+        help="transformer shape (tiny: a CI smoke run)",
+    )
     parser.add_argument("--child", choices=("float32", "frozen"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child == "float32", args.size, args.batch, args.threads)))
+        print(json.dumps(child(args.child == "float32", args.size, args.batch, args.threads, args.arch)))
         return 0
     results = {}
     for mode in ("float32", "frozen"):
         cmd = [sys.executable, __file__, "--child", mode, "--size", str(args.size), "--batch", str(args.batch),
-               "--threads", str(args.threads)]  # fmt: skip
+               "--threads", str(args.threads), "--arch", args.arch]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return 1
         results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    label = ARCHITECTURES[args.arch][0]
     print(
-        f"SANA 1.6B LoRA step (sana-image-nft LoRA), {args.size} px, batch {args.batch}, gradient checkpointing"
+        f"{label} LoRA step (sana-image-nft LoRA), {args.size} px, batch {args.batch}, gradient checkpointing"
     )
     labels = {"float32": "before: frozen base float32", "frozen": "after:  frozen base bf16   "}
     for mode, r in results.items():

@@ -64,8 +64,12 @@ def run(processes: int, steps: int, batch: int, threads: int, out: Path) -> tupl
         ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(
+            f"the {processes}-process run failed (exit {done.returncode}); stderr tail:\n{done.stderr[-3000:]}"
+        )
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][WARMUP:]
     busy = sum(r["time_data"] + r["time_train"] for r in records)
     return batch * len(records) / busy, wall
@@ -83,7 +87,8 @@ def main() -> None:
         return
     if args.steps <= WARMUP:
         parser.error(f"--steps must exceed the {WARMUP} warm-up steps")
-    os.environ.setdefault("SANARL_CACHE", tempfile.mkdtemp(prefix="sanarl-bench-cache-"))
+    if "SANARL_CACHE" not in os.environ:  # (setdefault would make an empty folder even when it is set)
+        os.environ["SANARL_CACHE"] = tempfile.mkdtemp(prefix="sanarl-bench-cache-")
     with tempfile.TemporaryDirectory() as tmp:
         one, wall1 = run(1, args.steps, args.batch, args.threads, Path(tmp) / "one")
         two, wall2 = run(2, args.steps, args.batch, args.threads, Path(tmp) / "two")

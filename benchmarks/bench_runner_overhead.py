@@ -68,9 +68,8 @@ def bare_inputs(runner) -> dict[str, torch.Tensor]:
     rng = step_generator(runner.cfg.train.seed, 0, 0)
     batch = task.micro_batches(0, rng)[0]
     x0 = adapter.encode_images(batch["image"])
-    prompts = [p if k else "" for p, k in zip(batch["prompt"], batch["keep_caption"].tolist(), strict=True)]
-    cond = adapter.encode_prompts(prompts)
-    s = u_to_sigma(batch["u"], task.shift).to(x0.device)
+    cond = adapter.encode_captions(batch["prompt"], batch["keep_caption"].tolist())
+    s = u_to_sigma(batch["u"], task.shift(batch["image"])).to(x0.device)
     eps = batch["eps"].to(x0.device)
     return {
         "x_s": interpolate(x0, eps, s),

@@ -1,0 +1,134 @@
+"""Every script of benchmarks/ runs to completion with tiny arguments and prints the ratio / result it exists for,
+so none rots. Each runs as a user types it (`python benchmarks/<name>.py ...` from the repository root) in a
+subprocess, with one intra-op thread (benchmarks/README.md, "Threads": two spin-waiting OpenMP threads on a busy
+2-core box run up to 30x slower) and its temporary files under the test's tmp_path. Only the labels of the printed
+lines are checked, never a timing or a measured value: the defaults are the measurement, these runs only prove the
+code still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300
+"""Per script; the slowest tiny run takes ~25 s on 2 idle cores (two training launches of bench_multiprocess)."""
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark run: the script in benchmarks/, its tiny arguments, and label texts its output must contain."""
+
+    script: str
+    args: tuple[str, ...]
+    labels: tuple[str, ...]
+
+
+BENCHES = [
+    Bench(
+        "bench_eval.py",
+        ("--batch", "4", "--repeats", "1", "--num", "4"),
+        (
+            "scorer throughput, 4 images",
+            "jpeg_compressibility",
+            "clipscore (tiny)",
+            "ratio",
+            "end to end, 4 held-out samples",
+            "ms/image generate+score",
+        ),
+    ),
+    Bench(
+        "bench_lora_memory.py",
+        ("--arch", "tiny", "--threads", "1"),
+        ("before: frozen base float32", "after:  frozen base bf16", "peak RSS ratio after / before ="),
+    ),
+    Bench(
+        "bench_memory.py",
+        ("--steps", "1"),
+        ("imports only", "training run", "peak RSS", "run - imports", "RSS timeline"),
+    ),
+    Bench(
+        "bench_memory_options.py",
+        ("--size", "32", "--batch", "2"),
+        (
+            "activations saved for backward",
+            "gradient checkpointing",
+            "bf16 autocast",
+            "half the micro-batch",
+            "full fine-tune, FSDP2 per rank, W=8",
+            "LoRA r 16",
+            "ratio",
+        ),
+    ),
+    Bench(
+        "bench_multiprocess.py",
+        ("--steps", "3", "--batch", "4"),
+        ("samples/s", "ratio 2-process / 1-process:"),
+    ),
+    Bench(
+        "bench_nft_rollout.py",
+        ("--prompts", "1", "--repeats", "1"),
+        (
+            "time ratio sol_rl / naive_scaling =",
+            "reward ratio sol_rl / naive_scaling =",
+            "overlap (shapes): sequential",
+            "overlap (bench_slow_shapes): sequential",
+        ),
+    ),
+    Bench(
+        "bench_nft_shapes.py",
+        ("--steps", "1", "--eval", "4"),
+        ("held-out partial", "held-out strict", "ratio after / before (partial) ="),
+    ),
+    Bench(
+        "bench_runner_overhead.py",
+        ("--repeats", "1"),
+        ("runner split: time_data", "ratio runner / bare =", "ratio runner time_train / bare ="),
+    ),
+    Bench(
+        "bench_sampler.py",
+        ("--steps", "2", "--batch", "2", "--repeats", "1"),
+        (
+            "[sanarl-tiny:shapes] max |sanarl - diffusers|",
+            "[sanarl-tiny:sana-dcae] max |sanarl - diffusers|",
+            "[sanarl-tiny:flux] max |sanarl - diffusers|",
+            "ratio sanarl / diffusers =",
+        ),
+    ),
+]
+
+
+def run_benchmark(bench: Bench, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/<script> <args>` from the repository root: no Hub, one thread, temp files under `tmp`."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+    return subprocess.run(
+        [sys.executable, f"benchmarks/{bench.script}", *bench.args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+def test_every_benchmark_script_has_a_run():
+    scripts = {path.name for path in (ROOT / "benchmarks").glob("bench_*.py")}
+    assert scripts == {bench.script for bench in BENCHES}
+
+
+@pytest.mark.parametrize("bench", BENCHES, ids=[bench.script for bench in BENCHES])
+def test_benchmark_runs_and_prints_its_result(bench: Bench, tmp_path: Path):
+    done = run_benchmark(bench, tmp_path)
+    report = f"python benchmarks/{bench.script} {' '.join(bench.args)}\n{done.stdout}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, report
+    missing = [label for label in bench.labels if label not in done.stdout]
+    assert missing == [], report
