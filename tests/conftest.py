@@ -33,9 +33,9 @@ def one_thread():
 def no_metrics_plot(monkeypatch):
     """The run's metrics.png is not drawn (about 2 s of matplotlib per run; tests/integration/test_sft_runs.py tests
     it)."""
-    import sanarl.training.runner as runner
+    import sanarl.training.tracking as tracking
 
-    monkeypatch.setattr(runner, "plot_metrics", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tracking, "plot_metrics", lambda *args, **kwargs: None)
 
 
 @pytest.fixture
