@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 
 from sanarl.config.schema import Config
 from sanarl.errors import UserError
@@ -34,12 +33,11 @@ class Checkpointer:
         self,
         cfg: Config,
         state: TrainState,
-        acc: Accelerator,
         run_dir: Path,
         record: Mapping[str, Any],
         components: Sequence[RunComponent],
     ) -> None:
-        self.cfg, self.state, self.acc, self.run_dir = cfg, state, acc, run_dir
+        self.cfg, self.state, self.acc, self.run_dir = cfg, state, state.acc, run_dir
         self.root = run_dir / "checkpoints"
         self.record = dict(record)
         self.components = components

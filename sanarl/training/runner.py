@@ -89,8 +89,8 @@ class Runner:
         # the rewards of `validation.held_out_rewards`, built on first use (rank 0 scores the validations)
         held_out = functools.cache(lambda: build_rewards(cfg.validation.held_out_rewards))
         self.components = build_components(cfg, self, run_dir, held_out)
-        self.checkpoints = Checkpointer(cfg, self.state, accelerator, run_dir, record or {}, self.components)
-        self.validation = Validation(cfg, self.state, accelerator, run_dir, self.components, held_out)
+        self.checkpoints = Checkpointer(cfg, self.state, run_dir, record or {}, self.components)
+        self.validation = Validation(cfg, self.state, run_dir, self.components, held_out)
         if plan is None:
             try:
                 plan = ResumePlan(path=resolve_resume(cfg.train.resume, self.checkpoints.root))

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 
 from sanarl.config.schema import Config
 from sanarl.core.media import save_media
@@ -34,12 +33,11 @@ class Validation:
         self,
         cfg: Config,
         state: TrainState,
-        acc: Accelerator,
         run_dir: Path,
         components: Sequence[RunComponent],
         held_out_rewards: Callable[[], dict],
     ) -> None:
-        self.cfg, self.state, self.acc, self.run_dir = cfg, state, acc, run_dir
+        self.cfg, self.state, self.acc, self.run_dir = cfg, state, state.acc, run_dir
         self.task: Task = state.task
         self.components = components
         self.held_out_rewards = held_out_rewards
