@@ -39,6 +39,8 @@ LevelGrid = Literal["scheduler_table", "continuous"]
 """SOAR: how s0 and s1 are read off u and t1."""
 DataSource = Literal["dataset", "synthetic"]
 """DDRL: where the data of its flow-matching term come from."""
+DataWeighting = Literal["edm", "uniform"]
+"""DDRL: the per-level weight of its data term (edm: Cosmos-RL's, s^2 + (1 - s)^2 on the velocity; uniform: 1)."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]

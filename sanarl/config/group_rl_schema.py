@@ -45,6 +45,8 @@ class GroupPolicy(RewardKeys):
     """Advantage clip upper bound C."""
     global_std: bool = True
     """Normalise advantages by the std of all rewards of the iteration (true) or of each prompt group (false)."""
+    unbiased_std: bool = False
+    """That std divides by N - 1 (torch.std, Cosmos-RL's DDRL) instead of N (np.std, Flow-GRPO, DiffusionNFT)."""
     optimizer_steps_per_rollout: Annotated[int, AtLeast(1, "1 = one update per rollout")] = 1
     """Split each rollout's micro-batches over this many optimizer steps (the several gradient updates per
     sampling epoch of both public codebases). Flow-GRPO: steps after the first are off-policy, which is where the

@@ -41,13 +41,15 @@ def group_indices(prompts: Sequence[str]) -> dict[str, list[int]]:
 class PerPromptStatTracker:
     """Per-prompt advantage normaliser: `A = (R - mean_group(R)) / (std + 1e-4)`.
 
-    Groups are formed by the raw prompt string. `std` is the population std (divide by N) of all rewards of the
-    call when `global_std` is true (the published default), otherwise of the sample's own group. Stateless across
-    calls except that `stats()` reports on the most recent `compute`.
+    Groups are formed by the raw prompt string. `std` is the std of all rewards of the call when `global_std` is
+    true (the published default), otherwise of the sample's own group: the population std (divide by N, numpy's
+    `np.std` as Flow-GRPO and DiffusionNFT) by default, the sample std (divide by N - 1, `torch.std` as Cosmos-RL's
+    DDRL) with `unbiased`. Stateless across calls except that `stats()` reports on the most recent `compute`.
     """
 
-    def __init__(self, global_std: bool = True) -> None:
+    def __init__(self, global_std: bool = True, *, unbiased: bool = False) -> None:
         self.global_std = global_std
+        self.unbiased = unbiased
         self._stats: dict[str, float] = {"zero_std_ratio": 0.0, "mean_group_std": 0.0, "num_groups": 0.0}
 
     def compute(self, prompts: Sequence[str], rewards: torch.Tensor) -> torch.Tensor:
@@ -70,12 +72,13 @@ class PerPromptStatTracker:
             )
         r = rewards.detach().to(torch.float64)
         adv = torch.zeros_like(r)
-        global_sd = r.std(correction=0) if r.numel() > 0 else r.new_zeros(())
+        correction = 1 if self.unbiased else 0
+        global_sd = r.std(correction=correction) if r.numel() > correction else r.new_zeros(())
         group_sds: list[float] = []
         zero_groups = 0
         for idx in group_indices(prompts).values():
             g = r[idx]
-            group_sd = g.std(correction=0)
+            group_sd = g.std(correction=correction) if len(idx) > correction else g.new_zeros(())
             group_sds.append(float(group_sd))
             zero_groups += int(bool((g == g[0]).all()))
             sd = global_sd if self.global_std else group_sd
@@ -91,7 +94,7 @@ class PerPromptStatTracker:
 
     def stats(self) -> dict[str, float]:
         """Statistics of the last `compute`: zero_std_ratio (fraction of groups whose rewards are all equal),
-        mean_group_std (mean over groups of the population std), num_groups."""
+        mean_group_std (mean over groups of the std, as the normaliser computes it), num_groups."""
         return dict(self._stats)
 
 

@@ -42,15 +42,35 @@ def select_train_on(
     return sorted(fixed + [rest[k] for k in order])
 
 
-def flow_matching_loss(v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """Per-sample flow-matching loss `mean_CHW (v - (eps - x0))^2` of a velocity `v` [B, ...] predicted at
-    `(1 - s) x0 + s eps`; returns [B]."""
+DATA_WEIGHTINGS = ("edm", "uniform")
+"""Values of `ddrl.data_weighting` (`data_weight`)."""
+
+
+def data_weight(s: torch.Tensor, weighting: str) -> torch.Tensor:
+    """Per-sample weight [B] of the data term at levels `s` [B] (docs/algorithms.md, "DDRL").
+
+    edm: `s^2 + (1 - s)^2`, Cosmos-RL's x0 loss `(sigma^2 + 1) / sigma^2 |x0 - x0_hat|^2` (EDM weighting,
+    sigma_data 1, rectified-flow scaling, sigma = s / (1 - s)) written on the velocity; uniform: 1 (the plain
+    flow-matching loss)."""
+    if weighting == "edm":
+        return s.square() + (1 - s).square()
+    if weighting == "uniform":
+        return torch.ones_like(s)
+    raise ValueError(f"unknown data_weighting {weighting!r}; use one of {', '.join(DATA_WEIGHTINGS)}.")
+
+
+def flow_matching_loss(
+    v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-sample flow-matching loss `w mean_CHW (v - (eps - x0))^2` of a velocity `v` [B, ...] predicted at
+    `(1 - s) x0 + s eps`, with per-sample weights `weight` [B] (None: 1); returns [B]."""
     if not (v.shape == x0.shape == eps.shape) or v.ndim < 2:
         raise ValueError(
             f"flow_matching_loss needs v, x0 and eps of one [B, ...] shape, got {tuple(v.shape)}, "
             f"{tuple(x0.shape)} and {tuple(eps.shape)}."
         )
-    return (v - velocity_target(x0, eps)).square().flatten(1).mean(dim=1)
+    loss = (v - velocity_target(x0, eps)).square().flatten(1).mean(dim=1)
+    return loss if weight is None else loss * weight.to(loss.dtype)
 
 
 def ddrl_loss(
@@ -67,17 +87,21 @@ def ddrl_loss(
     v_data: torch.Tensor | None = None,
     x0: torch.Tensor | None = None,
     eps: torch.Tensor | None = None,
+    data_weight: torch.Tensor | None = None,
+    loss_scale: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`L_pg + kl_beta L_kl + data_beta L_data` of one micro-batch (docs/algorithms.md, "DDRL", step 5).
+    """`loss_scale (L_pg + kl_beta L_kl + data_beta L_data)` of one micro-batch (docs/algorithms.md, "DDRL", step 5).
 
     L_pg: Flow-GRPO's PPO-clip on `log_prob` [B] against `old_log_prob` [B] with the (already transformed and
     clipped) advantages `adv` [B]; L_kl (when kl_beta > 0): `mean_B gaussian_mean_kl(mean, mean_ref, std)`;
-    L_data (when data_beta > 0 and `v_data` is given): `mean_B flow_matching_loss(v_data, x0, eps)`. Returns the loss
-    and detached metrics (the PPO ones, `policy_loss`, `kl`, `data_loss`)."""
+    L_data (when data_beta > 0 and `v_data` is given): `mean_B flow_matching_loss(v_data, x0, eps, data_weight)`.
+    `loss_scale` multiplies the sum (Cosmos-RL's `loss_scale`, 10: it matters under gradient-norm clipping). Returns
+    the loss and detached metrics (the PPO ones, `policy_loss`, `kl`, `data_loss`, each unscaled)."""
     policy, metrics = ppo_clip_loss(log_prob, old_log_prob, adv, clip_range)
     zero = policy.new_zeros(())
     kl = gaussian_mean_kl(mean, mean_ref, std).mean() if kl_beta > 0 else zero
-    data = flow_matching_loss(v_data, x0, eps).mean() if data_beta > 0 and v_data is not None else zero
-    loss = policy + kl_beta * kl + data_beta * data
+    use_data = data_beta > 0 and v_data is not None
+    data = flow_matching_loss(v_data, x0, eps, data_weight).mean() if use_data else zero
+    loss = loss_scale * (policy + kl_beta * kl + data_beta * data)
     metrics.update(policy_loss=policy.detach(), kl=kl.detach(), data_loss=data.detach())
     return loss, metrics

@@ -70,7 +70,8 @@ class GroupRLTask(CheckedTask):
     ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
         self.train_dataset = self._load_dataset(cfg, plugin, world)
-        self.tracker = PerPromptStatTracker(global_std=self.view.train_policy.global_std)
+        tp = self.view.train_policy
+        self.tracker = PerPromptStatTracker(global_std=tp.global_std, unbiased=tp.unbiased_std)
         self.rollouts: Rollouts | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_groups: list[PromptGroup] = []

@@ -43,10 +43,23 @@ def built(out: Path, *extra: str) -> DDRLTask:
 
 
 def _data_loss_by_hand(task: DDRLTask, batch) -> float:
+    """Cosmos-RL's data loss at the batch's levels s < 1 (`compute_loss_with_epsilon_and_sigma`, rectified-flow
+    scaling, sigma_data 1): sigma = s / (1 - s), x_t = x0 + sigma eps, t = sigma / (1 + sigma), the network F at
+    (1 - t) x_t and timestep t, x0_hat = (1 - t) x_t - t F, mean of (sigma^2 + 1) / sigma^2 (x0 - x0_hat)^2."""
     x0, eps, s = batch["data_x0"], batch["data_eps"], batch["data_s"]
-    cond = batch["cond"]
+    sigma = (s / (1 - s)).view(-1, 1, 1, 1)
+    x_t = x0 + sigma * eps
+    t = sigma / (1 + sigma)
     with torch.no_grad():
-        v = task.adapter.velocity(interpolate(x0, eps, s), s, cond)
+        F = task.adapter.velocity((1 - t) * x_t, t.flatten(), batch["cond"])
+    x0_hat = (1 - t) * x_t - t * F
+    return float(((sigma**2 + 1) / sigma**2 * (x0 - x0_hat) ** 2).mean())
+
+
+def _plain_data_loss(task: DDRLTask, batch) -> float:
+    x0, eps, s = batch["data_x0"], batch["data_eps"], batch["data_s"]
+    with torch.no_grad():
+        v = task.adapter.velocity(interpolate(x0, eps, s), s, batch["cond"])
     return float((v - velocity_target(x0, eps)).square().flatten(1).mean(1).mean())
 
 
@@ -79,12 +92,48 @@ def test_the_data_term_reads_the_plugins_images_with_the_rollouts_noise_and_leve
         torch.testing.assert_close(b["data_x0"], want_x0[[r // k for r in rows]], rtol=1e-5, atol=1e-5)
         assert torch.equal(b["data_s"], b["s"])  # the trained step's sigma
         assert b["data_on"]
-    loss, metrics = task.objective(batches[0], torch.Generator())
+    inner = next(b for b in batches if float(b["s"].max()) < 1)  # Cosmos-RL's x0 form needs sigma < inf
+    loss, metrics = task.objective(inner, torch.Generator())
     loss.backward()
-    assert metrics["data_loss"] == pytest.approx(_data_loss_by_hand(task, batches[0]), rel=1e-5)
-    assert metrics["loss"] == pytest.approx(metrics["policy_loss"] + 0.5 * metrics["data_loss"], rel=1e-5)
+    assert metrics["data_loss"] == pytest.approx(_data_loss_by_hand(task, inner), rel=1e-5)
+    # Cosmos-RL's loss_scale 10 multiplies the whole loss
+    assert metrics["loss"] == pytest.approx(
+        10 * (metrics["policy_loss"] + 0.5 * metrics["data_loss"]), rel=1e-5
+    )
     grads = [p.grad for p in adapter_parameters(task.adapter.trainable_module(), "default").values()]
     assert any(g is not None and float(g.abs().max()) > 0 for g in grads)
+
+
+def test_uniform_weighting_and_loss_scale_one_restore_the_plain_flow_matching_loss(tmp_path):
+    task = built(
+        tmp_path / "run",
+        "train.train_policy.ddrl.data_weighting=uniform",
+        "train.train_policy.ddrl.loss_scale=1",
+    )
+    batch = task.micro_batches(0, step_generator(42, 0, 0))[0]
+    _, metrics = task.objective(batch, torch.Generator())
+    assert metrics["data_loss"] == pytest.approx(_plain_data_loss(task, batch), rel=1e-5)
+    assert metrics["loss"] == pytest.approx(metrics["policy_loss"] + 0.5 * metrics["data_loss"], rel=1e-5)
+
+
+def test_the_ddrl_presets_normaliser_divides_each_group_by_its_unbiased_std_as_cosmos_rl(tmp_path):
+    task = built(
+        tmp_path / "run", "train.train_policy.global_std=false", "train.train_policy.unbiased_std=true"
+    )
+    batches = task.micro_batches(0, step_generator(42, 0, 0))
+    initial = torch.cat([t.initial for t in task.last_trajectories])
+    k = task.view.rollout.n_generation
+    want = []
+    for (
+        group
+    ) in task.last_groups:  # Cosmos-RL: (r - mean) / (torch.std(r) + 1e-4) over a data item's rollouts
+        r = [float(x) for x in group.reward.total]
+        mean = sum(r) / k
+        sd = (sum((x - mean) ** 2 for x in r) / (k - 1)) ** 0.5
+        want += [min(max((x - mean) / (sd + 1e-4), -5.0), 5.0) for x in r]
+    for b in batches:
+        rows = [_row_of(initial, e) for e in b["data_eps"]]
+        assert b["adv"].tolist() == pytest.approx([want[r] for r in rows], rel=1e-5)
 
 
 def test_train_on_draws_its_random_step_per_rollout_and_data_on_first_only_keeps_one(tmp_path):
@@ -246,4 +295,7 @@ def test_the_plan_counts_the_train_on_steps_and_names_the_data_term():
         rows["micro-batches"]
         == "32 / mini_batch 8 = 4 per rank, x 10 trained steps = 40 backward passes (at most)"
     )
-    assert "0.01 x flow matching on one base-model sample per prompt group" in rows["loss"]
+    assert rows["loss"].startswith("10.0 x (PPO-clip")
+    assert (
+        "0.01 x (s^2 + (1 - s)^2) x flow matching on one base-model sample per prompt group" in rows["loss"]
+    )

@@ -11,10 +11,11 @@ One rollout (served over `optimizer_steps_per_rollout` optimizer steps):
      -1 drawn per rollout) or Flow-GRPO's rule; each carries its rows' data x0, noise and level
      (`use_rl_sigma_and_noise`: the step's sigma and the sample's initial noise; else fresh draws);
   5. objective (sanarl/core/ddrl.py `ddrl_loss`):
-         L = PPO-clip(logp, logp_rollout, A, clip_range) + kl_beta KL(mu_theta, mu_ref)
-             + data_beta mean (v_theta((1 - s) x0 + s eps, s, c) - (eps - x0))^2
-     the data velocity comes from the policy's forward (one forward per backward); with `data_on_first_only` the
-     data term is taken at the first trained step only.
+         L = loss_scale [PPO-clip(logp, logp_rollout, A, clip_range) + kl_beta KL(mu_theta, mu_ref)
+             + data_beta mean w(s) (v_theta((1 - s) x0 + s eps, s, c) - (eps - x0))^2]
+     with w(s) = s^2 + (1 - s)^2 (`data_weighting = "edm"`, Cosmos-RL's) or 1 ("uniform"); the data velocity comes
+     from the policy's forward (one forward per backward); with `data_on_first_only` the data term is taken at the
+     first trained step only.
 KL reference: the base model, or with `update_ref_every_iter = n` the policy copied before every optimizer step
 k with k % n = 0 (LoRA: the adapter "ref", checkpointed with the others; full fine-tune: the frozen copy).
 """
@@ -30,7 +31,7 @@ import torch
 
 from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
-from sanarl.core.ddrl import ddrl_advantages, ddrl_loss, select_train_on
+from sanarl.core.ddrl import data_weight, ddrl_advantages, ddrl_loss, select_train_on
 from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapters_disabled, copy_adapter, using_adapter
 from sanarl.core.samplers import initial_noise, sample_loop
@@ -254,14 +255,15 @@ class DDRLTask(FlowGRPOTask):
     # --- 5. objective ---------------------------------------------------------------------------------------------
     def objective(self, batch: DDRLBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         tp, d, device = self.view.train_policy, self.view.ddrl, self.adapter.device
-        extra = x0 = eps = None
+        extra = x0 = eps = weight = None
         if self._data_term and batch["data_on"]:
             x0, eps, s = (batch[k].to(device) for k in ("data_x0", "data_eps", "data_s"))
-            extra = (interpolate(x0, eps, s), s)
+            extra, weight = (interpolate(x0, eps, s), s), data_weight(s, d.data_weighting)
         t = self._transition(batch, extra)
         loss, m = ddrl_loss(
             t.log_prob, t.old_log_prob, t.adv, tp.clip_range, kl_beta=tp.kl_beta, mean=t.mean, mean_ref=t.mean_ref,
-            std=t.std, data_beta=d.data_beta, v_data=t.v_extra, x0=x0, eps=eps,
+            std=t.std, data_beta=d.data_beta, v_data=t.v_extra, x0=x0, eps=eps, data_weight=weight,
+            loss_scale=d.loss_scale,
         )  # fmt: skip
         loss = loss * batch["weight"]
         metrics = {"loss": loss.item(), **{k: m[k].item() for k in ("policy_loss", "kl", "data_loss")}}
@@ -282,8 +284,9 @@ class DDRLTask(FlowGRPOTask):
             if d.use_rl_sigma_and_noise
             else ("a fresh sigma and noise")
         )
+        weighting = "(s^2 + (1 - s)^2) x " if d.data_weighting == "edm" else ""
         data = (
-            f"{d.data_beta} x flow matching on {source}, at {where}"
+            f"{d.data_beta} x {weighting}flow matching on {source}, at {where}"
             + (", first trained step only" if d.data_on_first_only else ", every trained step")
             if d.data_beta > 0
             else "none (data_beta = 0: Flow-GRPO's objective)"
@@ -307,7 +310,8 @@ class DDRLTask(FlowGRPOTask):
                     f"{chunks * len(d.train_on)} backward passes (at most)"
                 )
             if label == "loss":
-                value = f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL{ref} + {data}" + (
+                terms = f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL{ref} + {data}"
+                value = (f"{d.loss_scale} x ({terms})" if d.loss_scale != 1 else terms) + (
                     "; advantages -exp(-A)" if d.exp_reward else ""
                 )
             out.append((label, value))
