@@ -28,6 +28,8 @@ unshifted `linspace(1, 0, N + 1)` of Sol-RL's SANA sampler."""
 Weighting = Literal["logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap"]
 """SFT timestep densities."""
 Dtype = Literal["float32", "bfloat16", "float16"]
+EmaUpdatePer = Literal["optimizer_step", "sample_batch"]
+"""When the EMA takes its updates: after each optimizer step, or after each sample batch (flow_grpo's scripts)."""
 """Weight / autocast dtypes."""
 VaeLatents = Literal["sample", "mode"]
 """Training latents of a VAE with a posterior: a seeded draw, or its mean."""

@@ -14,6 +14,7 @@ from typing import Annotated
 
 from sanarl.config.choices import (
     Dtype,
+    EmaUpdatePer,
     Logger,
     OdeSolver,
     Optimizer,
@@ -274,6 +275,9 @@ class TrainConfig:
     """EMA decay cap; the decay warms up as min(ema_decay, (1 + k) / (10 + k)) at update k."""
     ema_update_step_interval: Annotated[int, AtLeast(1)] = 1
     """Update the EMA every N optimizer steps."""
+    ema_update_per: EmaUpdatePer = "optimizer_step"
+    """optimizer_step: one EMA update after each optimizer step; sample_batch: flow_grpo's train_sd3.py pattern, one
+    after every sample batch at the optimizer steps done so far (k sample batches per step: k updates each)."""
     param_dtype: Dtype = "float32"
     """Mixed precision of the trained model."""
     compile: bool = False

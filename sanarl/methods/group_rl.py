@@ -176,6 +176,11 @@ class GroupRLTask(CheckedTask):
             self.last_metrics = {}
         return self._finish_chunk(self._pending[1][part])
 
+    def sample_batches(self, micro: list[dict]) -> int:
+        """The sample chunks among `micro` (each trains all its steps or levels in several micro-batches; DDP
+        padding is none)."""
+        return max(1, len({b["chunk"] for b in micro if b["chunk"] >= 0}))
+
     def _finish_chunk(self, batches: list[dict]) -> list[dict]:
         """The micro-batches of one optimizer step as the runner gets them: padded to the ranks' common count with
         zero-weight batches, and weighted so that the step's loss is the mean over its rows whatever the chunking

@@ -226,6 +226,11 @@ class Task(ABC):
     def close(self) -> None:  # noqa: B027  (optional hook, deliberately a no-op by default)
         """Release background resources (reward workers)."""
 
+    def sample_batches(self, micro: list[dict]) -> int:
+        """How many sample batches the micro-batches `micro` of one optimizer step hold (the EMA's
+        `ema_update_per = "sample_batch"` counts them); default: each micro-batch is one."""
+        return max(1, len(micro))
+
     def after_optimizer_step(self, step: int) -> dict[str, float]:
         """Hook after each optimizer step (e.g. old-adapter decay); returns extra metrics."""
         return {}

@@ -137,14 +137,12 @@ class Runner:
         if not math.isfinite(scalar(grad_norm)) and self.cfg.train.param_dtype != "float16":
             self._diverged(step + 1, f"the gradient norm is {scalar(grad_norm)} (the update was not applied)")
         state = self.state
+        state.ema_before_update(step, self.task.sample_batches(micro))
         state.optimizer.step()
         state.scheduler.step()
         state.optimizer.zero_grad(set_to_none=True)
         sums.update(self.task.after_optimizer_step(step + 1))
-        if (
-            state.ema is not None
-        ):  # the references pass their global step after counting this update (1 first)
-            state.ema.update(self.params, step + 1)
+        state.ema_after_update(step + 1)
         t2 = time.perf_counter()
         samples = self.cfg.train.train_batch_per_replica
         sums.update(

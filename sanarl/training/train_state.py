@@ -50,6 +50,7 @@ class TrainState:
         self.ema = (
             EMA(named, decay=t.ema_decay, interval=t.ema_update_step_interval) if t.ema_enable else None
         )
+        self.ema_per_sample_batch = t.ema_update_per == "sample_batch"
 
     # --- whole copies ---------------------------------------------------------------------------------------------
     def full_state(self) -> tuple[Tensors, dict]:
@@ -110,6 +111,22 @@ class TrainState:
         if self.acc.num_processes > 1:
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
         return bad.item() == 0
+
+    # --- the EMA's updates --------------------------------------------------------------------------------------
+    def ema_before_update(self, done: int, sample_batches: int) -> None:
+        """Before the optimizer step that follows `done` steps: with `ema_update_per = "sample_batch"`, one EMA
+        update at `done` for each of the step's sample batches but its last (flow_grpo's train_sd3.py calls
+        `ema.step(params, global_step)` after every sample batch; the weights only change at the step)."""
+        if self.ema is None or not self.ema_per_sample_batch:
+            return
+        for _ in range(sample_batches - 1):
+            self.ema.update(self.params, done)
+
+    def ema_after_update(self, done: int) -> None:
+        """After the optimizer step that makes `done` steps: one EMA update at `done` (the references pass their
+        global step after counting this update, 1 first)."""
+        if self.ema is not None:
+            self.ema.update(self.params, done)
 
     @contextlib.contextmanager
     def ema_weights(self) -> Iterator[None]:

@@ -15,6 +15,7 @@ from sanarl import api
 from sanarl.core.lora import adapter_parameters
 from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.methods.flow_grpo.task import FlowGRPOTask
+from sanarl.methods.group_rl import GroupRLTask
 from sanarl.methods.loading import load_config
 from sanarl.training.data_order import step_generator
 from sanarl.training.tracking import read_metrics
@@ -257,3 +258,72 @@ def test_steps_per_rollout_must_fit_checkpoints(tmp_path):
 
     with pytest.raises(ConfigError, match="save_freq"):
         built(tmp_path, "train.train_policy.optimizer_steps_per_rollout=2", "train.ckpt.save_freq=3")
+
+
+def _record_weights(monkeypatch) -> list[dict[str, torch.Tensor]]:
+    """The trained weights before the first update and after each optimizer step, as the runner makes them."""
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def snapshot(task) -> None:
+        seen.append({n: p.detach().float().clone() for n, p in task.trainable_parameters()})
+
+    first_batches, after_step = FlowGRPOTask.micro_batches, FlowGRPOTask.after_optimizer_step
+
+    def micro_batches(self, step, rng):
+        if not seen:
+            snapshot(self)
+        return first_batches(self, step, rng)
+
+    def after_optimizer_step(self, step):
+        snapshot(self)
+        return after_step(self, step)
+
+    monkeypatch.setattr(FlowGRPOTask, "micro_batches", micro_batches)
+    monkeypatch.setattr(FlowGRPOTask, "after_optimizer_step", after_optimizer_step)
+    return seen
+
+
+def test_the_ema_updates_after_every_sample_batch_as_flow_grpos_train_sd3(tmp_path, monkeypatch):
+    """flow_grpo's `train_sd3.py` calls `ema.step(params, global_step)` after each of its sample batches; with k
+    sample batches per optimizer step the first k - 1 see the global step before the update (and the weights of
+    then), the last the step after it. EMAModuleWrapper.step pulls when (global_step + 1) % interval == 0 with
+    decay min((1 + global_step) / (10 + global_step), ema_decay). Re-derived here from the weights of each step:
+    2 chunks of mini_batch 4 per step (k = 2), interval 2, 3 steps."""
+    from safetensors.torch import load_file
+
+    weights = _record_weights(monkeypatch)
+    out = tmp_path / "run"
+    cfg = loaded(
+        out, "train.max_num_steps=3", "train.ckpt.save_freq=3", "train.ema_enable=true", "train.ema_decay=0.9",
+        "train.ema_update_step_interval=2", "train.ema_update_per=sample_batch", "validation.enable=false",
+    )  # fmt: skip
+    counted = []
+    monkeypatch.setattr(FlowGRPOTask, "sample_batches", lambda self, micro: counted.append(
+        GroupRLTask.sample_batches(self, micro)) or counted[-1])  # fmt: skip
+    outcome = api.train(cfg, SHAPES)
+    assert counted == [2, 2, 2]
+    assert len(weights) == 4 and outcome.cfg.train.train_policy.mini_batch == 4
+    k = 2  # train_batch_per_replica 8 / mini_batch 4 sample batches per optimizer step
+    calls = []
+    for step in range(3):  # optimizer step step + 1
+        calls += [(step, weights[step])] * (k - 1) + [(step + 1, weights[step + 1])]
+    shadow = {n: t.clone() for n, t in weights[0].items()}
+    pulls = 0
+    for gs, w in calls:
+        if (gs + 1) % 2 == 0:
+            decay = min((1 + gs) / (10 + gs), 0.9)
+            for n in shadow:
+                shadow[n] += (1 - decay) * (w[n] - shadow[n])
+            pulls += 1
+    assert pulls == 3  # global step 1 twice (once with no update between), global step 3 once
+    saved = load_file(str(out / "checkpoints" / "step_00000003" / "ema.safetensors"))
+    assert set(saved) == set(shadow)
+    for n, want in shadow.items():
+        torch.testing.assert_close(saved[n].float(), want, rtol=1e-6, atol=1e-8)
+    # one update per optimizer step would have pulled at global steps 1 and 3 only
+    once = {n: t.clone() for n, t in weights[0].items()}
+    for gs in (1, 3):
+        decay = min((1 + gs) / (10 + gs), 0.9)
+        for n in once:
+            once[n] += (1 - decay) * (weights[gs][n] - once[n])
+    assert any(not torch.allclose(once[n], shadow[n], rtol=1e-4, atol=1e-7) for n in shadow)
