@@ -56,6 +56,15 @@ def check_diffusers(cfg: Config) -> None:
             f"custom_decay_value = {d.custom_decay_value}), e.g. --set policy.diffusers.custom_decay_step=100 "
             "--set policy.diffusers.custom_decay_value=0.5.",
         )
+    sample = d.sample
+    stochastic_eval = sample.eval_solver == "flow_sde"
+    require(
+        stochastic_eval == (sample.eval_noise_level > 0),
+        f"`policy.diffusers.sample.eval_noise_level` = {sample.eval_noise_level} with eval_solver = "
+        f"{sample.eval_solver!r}: the evaluation's noise applies to the flow_sde step only; set eval_solver = "
+        '"flow_sde" with eval_noise_level > 0 (Sol-RL evaluates SANA at 0.7), or eval_noise_level = 0 for a '
+        "noise-free ODE.",
+    )
     if d.is_video:
         at_least(d.train_frames, "policy.diffusers.train_frames", 1)
         at_least(d.inference_frames, "policy.diffusers.inference_frames", 1)

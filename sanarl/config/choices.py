@@ -19,7 +19,8 @@ AdvMode = Literal["all", "positive_only", "negative_only", "one_only", "binary"]
 # --- sampling and the objective ---------------------------------------------------------------------------------
 Solver = Literal["euler", "dpm2", "flow_sde", "cps"]
 """Sampling solvers: two ODE solvers (euler, DPM-Solver++ 2M on x0) and two stochastic ones."""
-OdeSolver = Literal["euler", "dpm2"]
+EvalSolver = Literal["euler", "dpm2", "flow_sde"]
+"""Evaluation solvers: the two ODE solvers, or the flow-SDE step at `eval_noise_level` (Sol-RL's SANA evaluation)."""
 """The deterministic solvers (evaluation always samples with one)."""
 SigmaGrid = Literal["flow_match_euler", "dpm_flow", "linspace", "uniform"]
 """Sampling grids (`sanarl.core.flow.SIGMA_GRIDS`): FlowMatchEulerDiscreteScheduler's and DPMSolverMultistepScheduler's

@@ -29,6 +29,7 @@ RESUME_MAY_CHANGE = frozenset(
         "policy.diffusers.offload",
         "policy.diffusers.sample.eval_num_steps",
         "policy.diffusers.sample.eval_solver",
+        "policy.diffusers.sample.eval_noise_level",
         "rollout.compile_mode",
         "rollout.reward_workers",
         "rollout.reward_deadline_s",

@@ -15,8 +15,8 @@ from typing import Annotated
 from sanarl.config.choices import (
     Dtype,
     EmaUpdatePer,
+    EvalSolver,
     Logger,
-    OdeSolver,
     Optimizer,
     OptimizerImpl,
     SigmaGrid,
@@ -105,9 +105,12 @@ class SampleConfig:
     sampler); None = the one the family's diffusers pipeline samples on by default (SD3.5, SANA,
     SANA-Video: their scheduler's `set_timesteps(N)` grid; FLUX: linspace)."""
     # --- evaluation sampler ---
-    eval_solver: OdeSolver | None = None
-    """Solver of validation, the held-out reward guard and `sanarl eval`, always deterministic (noise 0, as the
-    references evaluate): euler | dpm2; None = `solver` when it is an ODE solver, else euler."""
+    eval_solver: EvalSolver | None = None
+    """Solver of validation, the held-out reward guard and `sanarl eval`: euler | dpm2 (noise-free ODEs) | flow_sde
+    (the stochastic step at `eval_noise_level`, as Sol-RL evaluates SANA); None = `solver` when it is an ODE solver,
+    else euler."""
+    eval_noise_level: Annotated[float, AtLeast(0)] = 0.0
+    """eta of the evaluation's flow_sde step (`eval_solver = "flow_sde"` only; Sol-RL's SANA evaluation: 0.7)."""
 
 
 @dataclass

@@ -39,18 +39,20 @@ class GenerationSpec:
         cls, sample: SampleConfig, adapter: DiffusionAdapter, size: list[int], *, evaluation: bool
     ) -> GenerationSpec:
         """Rollouts: `solver` at `noise_level` (its ODE with `deterministic_sampling`). Evaluation (validation,
-        held-out rewards, `sanarl eval`): always a noise-free ODE, `eval_solver` or the rollout solver's ODE
-        (docs/algorithms.md, "Evaluation sampler")."""
+        held-out rewards, `sanarl eval`): `eval_solver` (flow_sde at `eval_noise_level`), else the rollout solver's
+        noise-free ODE (docs/algorithms.md, "Evaluation sampler")."""
         stochastic = sample.solver in ("flow_sde", "cps")
         if evaluation:
             solver = sample.eval_solver or ("euler" if stochastic else sample.solver)
+            eta = sample.eval_noise_level if solver == "flow_sde" else 0.0
         else:
             solver = "euler" if stochastic and sample.deterministic_sampling else sample.solver
+            eta = sample.noise_level if solver in ("flow_sde", "cps") else 0.0
         return cls(
             num_steps=sample.eval_num_steps if evaluation else sample.num_steps,
             guidance_scale=sample.guidance_scale,
             solver=solver,
-            eta=sample.noise_level if solver in ("flow_sde", "cps") else 0.0,
+            eta=eta,
             shift=grid_shift(adapter, sample.flow_shift, *size),
             height=size[0],
             width=size[1],

@@ -94,7 +94,7 @@ def test_trainer_choices_are_checked_when_read_set_and_checked() -> None:
     cfg = Config()
     cfg.policy.diffusers.sample.eval_solver = "cps"  # built in code: check_config checks the type's choices
     with pytest.raises(
-        ConfigError, match=r"`policy.diffusers.sample.eval_solver` = 'cps' .* 'euler', 'dpm2'\."
+        ConfigError, match=r"`policy.diffusers.sample.eval_solver` = 'cps' .* 'euler', 'dpm2', 'flow_sde'\."
     ):
         check_config(cfg)
 

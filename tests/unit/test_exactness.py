@@ -46,11 +46,17 @@ def test_eval_solver_chooses_the_ode_and_sd35m_nft_evaluates_with_euler():
     assert spec.solver == nft.policy.diffusers.sample.solver  # an ODE rollout solver is kept
 
 
-def test_eval_solver_must_be_an_ode_solver():
+def test_eval_solver_is_an_ode_solver_or_flow_sde_with_its_own_noise_level():
     from sanarl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="eval_solver"):
         load_config(PRESETS / "tiny-shapes-grpo.toml", ["policy.diffusers.sample.eval_solver=cps"])
+    for sets in (
+        ["policy.diffusers.sample.eval_solver=flow_sde"],
+        ["policy.diffusers.sample.eval_noise_level=0.7"],
+    ):
+        with pytest.raises(ConfigError, match=r"eval_noise_level.*flow_sde"):
+            load_config(PRESETS / "tiny-shapes-grpo.toml", sets)
 
 
 @pytest.mark.parametrize("preset", ["sd35m-grpo", "sana-image-grpo"])
