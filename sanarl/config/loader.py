@@ -27,8 +27,9 @@ from sanarl.config.cosmos_hooks import CosmosHooks
 from sanarl.config.engine import Context, Engine
 from sanarl.config.methods import MethodTable
 from sanarl.config.overrides import apply as apply_to
-from sanarl.config.presets import anchor_dir, anchor_paths, preset_names, resolve_preset_path
+from sanarl.config.presets import anchor_dir, anchor_paths, preset_names, presets_dir, resolve_preset_path
 from sanarl.config.schema import Config
+from sanarl.config.sol_rl_names import resolve_sol_rl_name
 from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
@@ -54,12 +55,21 @@ class LoadedConfig:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, methods: MethodTable) -> LoadedConfig:
-    """Read the TOML preset at `path` (or the shipped preset of that name), apply `overrides` ("dotted.key=value"), check against `methods`, and return the result.
+    """Read the TOML preset at `path` (or the shipped preset of that name, or the preset behind one of Sol-RL's
+    config names, with a note saying which: sanarl.config.sol_rl_names), apply `overrides` ("dotted.key=value"),
+    check against `methods`, and return the result.
 
     Raises `ConfigError` for a missing/unreadable file, malformed TOML (with line and column), unknown keys, wrong
     types, malformed overrides and inconsistent values (see `check_config`).
     """
     file = resolve_preset_path(path)  # a path, or the name of a shipped preset
+    alias = None if file.is_file() else resolve_sol_rl_name(str(path))  # Sol-RL's config names
+    if alias is not None:
+        loaded = load_config(
+            presets_dir() / f"{alias.preset}.toml", [*alias.overrides(), *overrides], methods=methods
+        )
+        loaded.notes.insert(0, alias.note())
+        return loaded
     if not file.is_file():
         state = "is a directory, not a file" if file.is_dir() else "does not exist"
         close = closest(file.name.removesuffix(".toml"), preset_names(), cutoff=0.7)

@@ -1,6 +1,7 @@
 """Shipped presets and package data, found through `importlib.resources` from any working directory.
 
-- `sanarl/presets/<name>.toml`: the shipped presets; `--config <name>` (no path) names one.
+- `sanarl/presets/<name>.toml`: the shipped presets; `--config <name>` (no path) names one, and so does one of
+  Sol-RL's config names (`sd3_sol_rl_pickscore`: sanarl.config.sol_rl_names, resolved by the loader).
 - `sanarl/data/`: what they point at: `models/` (the shipped tiny bases), `datasets/` (prompt sets, example data),
   `accelerate/` (accelerate launch configs).
 

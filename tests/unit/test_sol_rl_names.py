@@ -102,3 +102,66 @@ def test_sol_rls_sana_baseline_is_the_naive_scaling_preset_without_the_search():
     assert (base.rollout.family, base.rollout.num_candidates) == ("diffusionnft", 0)
     assert base.policy.lora == search.policy.lora and base.policy.diffusers == search.policy.diffusers
     assert base.train.train_policy.mini_batch == search.train.train_policy.mini_batch == 16
+
+
+def _names() -> dict[str, set[str]]:
+    """Every Sol-RL config name of either layout -> the rollout families the layouts give it."""
+    out: dict[str, set[str]] = {}
+    for modes_of in LAYOUTS.values():
+        for model, modes in modes_of.items():
+            for mode, (drafts, preview, full) in modes.items():
+                for reward in REWARDS:
+                    out.setdefault(f"{model}_{mode}_{reward}", set()).add(_family(drafts, preview, full))
+    return out
+
+
+def test_the_name_list_is_both_layouts():
+    names = _names()
+    assert len(names) == 56  # the later layout's 56 names hold the older 48 plus flux1 / sd3 `compile`
+    ambiguous = sorted(n for n, families in names.items() if len(families) > 1)
+    assert ambiguous == sorted(f"{m}_naive_scaling_{r}" for m in ("flux1", "sd3") for r in REWARDS)
+
+
+@pytest.mark.slow
+def test_sanarl_validate_resolves_every_sol_rl_name_or_refuses_the_ambiguous_ones(run_cli):
+    """`sanarl validate --config <name>` for every name of both layouts: a name with one rollout runs the preset
+    of that rollout with its reward and says so once; a name the layouts give two rollouts exits 2 naming both."""
+    from sanarl.config.presets import presets_dir
+
+    family_of = {p.stem: load_config(p).config.rollout.family for p in presets_dir().glob("*-nft*.toml")}
+    for name, families in sorted(_names().items()):
+        model, reward = name.split("_")[0], name.rsplit("_", 1)[1]
+        code, out, err = run_cli("validate", "--config", name, "sanarl.datasets.diffusion_nft")
+        text = " ".join((out + err).split())
+        if len(families) > 1:
+            assert code == 2, (name, text)
+            named = set(re.findall(r"--config ([\w.-]+)", text)) - {name}
+            assert {family_of[p] for p in named} == families and len(named) == 2, (name, text)
+            assert all(p.startswith(MODELS[model]) for p in named)
+            continue
+        assert code == 0, (name, text)
+        preset = re.search(r"runs the shipped preset `([\w.-]+)`", text).group(1)
+        assert text.count("is Sol-RL's config name") == 1  # said once
+        assert preset.startswith(MODELS[model]) and family_of[preset] == families.pop(), (name, preset)
+        cfg = load_config(
+            PRESETS / f"{preset}.toml", [f"train.train_policy.remote_reward.reward_fns.0.name={reward}"]
+        )
+        assert [fn.name for fn in cfg.config.train.train_policy.remote_reward.reward_fns] == [reward]
+        assert "valid" in out
+
+
+def test_a_sol_rl_name_loads_its_preset_with_its_reward_and_a_note():
+    loaded = load_config("sd3_sol_rl_hpsv2")
+    assert loaded.source.name == "sd35l-nft-sol_rl.toml"
+    assert [fn.name for fn in loaded.config.train.train_policy.remote_reward.reward_fns] == ["hpsv2"]
+    assert "sd35l-nft-sol_rl" in loaded.notes[0]
+    # the user's --set values come after the alias's: they win
+    again = load_config(
+        "flux1_compile_clipscore", ["train.train_policy.remote_reward.reward_fns.0.name=hpsv2"]
+    )
+    assert again.source.name == "flux1-nft-compile.toml"
+    assert [fn.name for fn in again.config.train.train_policy.remote_reward.reward_fns] == ["hpsv2"]
+    from sanarl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"no configs/sol_rl layout has the mode `compile` for `sana`"):
+        load_config("sana_compile_pickscore")
