@@ -67,6 +67,28 @@ def test_sd35_style_flow_grpo_presets_take_two_optimizer_steps_per_rollout(prese
     )  # flow_grpo's SD3.5 configs: the second update is where the clip acts
 
 
+@pytest.mark.parametrize("preset", ["sd35m-grpo", "sana-image-grpo", "sd35m-ddrl", "sana-image-ddrl"])
+def test_presets_with_flow_grpos_ema_update_it_after_every_sample_batch(preset):
+    t = load_config(PRESETS / f"{preset}.toml").train
+    assert (t.ema_enable, t.ema_decay, t.ema_update_step_interval, t.ema_update_per) == (
+        True,
+        0.9,
+        8,
+        "sample_batch",
+    )
+
+
+@pytest.mark.parametrize(
+    "preset", ["tiny-shapes-ddrl", "sd35m-ddrl", "sana-image-ddrl", "flux1-ddrl", "sana-video-ddrl"]
+)
+def test_ddrl_presets_carry_cosmos_rls_weight_scale_normaliser_and_betas(preset):
+    cfg = load_config(PRESETS / f"{preset}.toml")
+    tp, t = cfg.train.train_policy, cfg.train
+    assert (tp.ddrl.data_weighting, tp.ddrl.loss_scale, tp.ddrl.data_beta) == ("edm", 10.0, 0.01)
+    assert (tp.global_std, tp.unbiased_std) == (False, True)  # per data item, torch.std
+    assert tuple(t.optm_betas) == (0.9, 0.99) and t.optm_grad_norm_clip == 1.0
+
+
 def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
     from sanarl.methods.flow_grpo.trajectory import trained_positions
 
