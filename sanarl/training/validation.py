@@ -1,7 +1,8 @@
 """A run's validations: the grid of samples every `validation.freq` steps, their held-out rewards, and what the
 run's components make of them (sanarl/training/components.py).
 
-The samples come from the evaluation sampler (a noise-free ODE, docs/algorithms.md "Evaluation sampler") with the
+The samples come from the evaluation sampler (a noise-free ODE, or flow_sde at `eval_noise_level` with its noise
+from each sample's seed: docs/algorithms.md "Evaluation sampler") with the
 EMA weights when the EMA is on, on the first `validation.num_samples` validation prompts with seeds `train.seed +
 i`. Rank 0 saves the grid under `samples/`, scores it with `validation.held_out_rewards` (rewards the run does not
 train on) and logs `heldout/<reward>/<key>`.
