@@ -111,9 +111,9 @@ def colour_entropy(images: torch.Tensor) -> torch.Tensor:
 
 
 def hue_histogram(images: torch.Tensor) -> torch.Tensor:
-    """Pixel counts `[HUE_BINS]` of the HSV hue (bins of 360 / HUE_BINS degrees, the first centred on red) over the chromatic
-    pixels (saturation and value (max over RGB) both >= CHROMA_FLOOR) of all samples `[B, 3, ...]` in [0, 1]; grey,
-    white and dark pixels have no hue and are not counted."""
+    """Pixel counts `[HUE_BINS]` of the HSV hue (bins of 360 / HUE_BINS degrees, the first centred on red) over the
+    chromatic pixels (saturation and value (max over RGB) both >= CHROMA_FLOOR) of all samples `[B, 3, ...]` in
+    [0, 1]; grey, white and dark pixels have no hue and are not counted."""
     x = images.detach().float().clamp(0, 1).movedim(1, -1).reshape(-1, 3)
     high, low = x.max(dim=1).values, x.min(dim=1).values
     delta = high - low
@@ -132,7 +132,7 @@ def histogram_shift(counts: torch.Tensor, base: torch.Tensor) -> float:
     same distribution, 1 for disjoint ones; 0 when both are empty, 1 when one of them is."""
     total, base_total = float(counts.sum()), float(base.sum())
     if total == 0 or base_total == 0:
-        return float(total != base_total and min(total, base_total) == 0)
+        return 0.0 if total == base_total else 1.0  # both empty, or only one
     return 0.5 * float((counts / total - base / base_total).abs().sum())
 
 
