@@ -1,5 +1,5 @@
-"""The bench's outputs: results.json, results.md (markdown tables), accuracy_vs_time.png, curves.png (curves.py) and
-grids/<method>.png.
+"""The bench's outputs: results.json, results.md (markdown tables; the best and end point of each curve and its
+flags: stability.py), accuracy_vs_time.png, curves.png (curves.py) and grids/<method>.png.
 
 Held-out accuracy of one run = the mean over its eval samples of the `shapes` judge's strict (partial) score; the
 shapes test items are tag-balanced by construction, so this matches GenEval's mean over tags up to sampling noise
@@ -19,6 +19,7 @@ from rich.console import Console
 from sanarl.bench.curves import curves_markdown, plot_curves
 from sanarl.bench.methods import RATIOS
 from sanarl.bench.plan import EVAL_SEED
+from sanarl.bench.stability import STABILITY_KEY, stability_markdown, stability_rows
 from sanarl.core.images import save_grid
 from sanarl.rewards.summary import describe, paired_delta
 from sanarl.training.tracking import read_metrics
@@ -218,8 +219,11 @@ def write_report(opts, records: list[dict[str, Any]], rows, console: Console) ->
     curve_table = curves_markdown(records)
     if curve_table:
         text += "\n## Held-out curves (strict per category)\n\n" + curve_table
+    stability = stability_rows(records)
+    if stability:
+        text += f"\n## Best and end point of each curve ({STABILITY_KEY})\n\n" + stability_markdown(stability)
     (out / "results.md").write_text(text)
-    results = {"methods": table, "ratios": ratio_rows, "runs": records,
+    results = {"methods": table, "ratios": ratio_rows, "runs": records, "stability": stability,
                "options": {k: str(v) for k, v in vars(opts).items()}}  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     plot_accuracy_vs_time(out / "accuracy_vs_time.png", out, records)

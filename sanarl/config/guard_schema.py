@@ -18,7 +18,7 @@ GUARD_WORSE = get_args(GuardWorse)
 """`worse` of a guard metric: the direction in which it worsens."""
 GUARD_ACTIONS = get_args(GuardAction)
 """`action` of the guard: log the alarm and go on, or stop the run and export the best checkpoint by the guard."""
-GUARD_IMAGE_STATS = ("brightness", "saturation")
+GUARD_IMAGE_STATS = ("brightness", "saturation", "entropy", "colour_shift")
 """Image statistics of the validation samples the guard can watch as `heldout/image/<name>`."""
 
 
@@ -28,7 +28,8 @@ class GuardMetricConfig:
 
     key: str = ""
     """`heldout/<reward>/<key>` (a `validation.held_out_rewards` reward's key, e.g. `heldout/shapes/extra`: objects
-    beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation)."""
+    beyond the prompt's count) or `heldout/image/<stat>` (`GUARD_IMAGE_STATS`: mean luma / HSV saturation / colour-histogram entropy in bits / colour shift, the total
+    variation distance of the hue histogram from the run's first validation, 0..1)."""
     worse: GuardWorse = "higher"
     """The direction in which the metric worsens."""
     margin: Annotated[float, AtLeast(0)] = 0.0

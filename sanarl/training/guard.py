@@ -13,7 +13,8 @@ before any step, the steps up to the next one). The guard keeps a checkpoint of 
 `find_alarm` is the pure decision; `Guard` the state the runner keeps (runner.py calls `record_step`, `observe`,
 `decide`, `keep_checkpoint`, `best_checkpoint`). The history survives a resume: every training checkpoint holds
 `guard.pt` (`Guard.checkpoint_state`: steps, values, the trained-reward series, the alarm, and the first
-`GRID_SAMPLES` samples of each metric's best validation as uint8, all the alarm grid draws), which the resumed run
+`GRID_SAMPLES` samples of each metric's best validation as uint8, all the alarm grid draws, and the first
+validation's hue histogram that `heldout/image/colour_shift` is measured from), which the resumed run
 loads up to the checkpoint's step (`Guard.load_checkpoint_state`) after removing what the run left under guard/ past
 it (`forget_after`). The kept `guard/step_*` of the newest training checkpoint's bests stay until the next training
 checkpoint, even when a later validation beats them, so a run resumed from it can still roll back to them.
@@ -39,6 +40,13 @@ from sanarl.training.checkpoint import checkpoint_name, list_checkpoints, save_c
 IMAGE_PREFIX = "heldout/image/"
 GRID_SAMPLES = 8
 """Samples per row of the alarm grid: all a checkpoint keeps of a validation's samples."""
+ENTROPY_LEVELS = 8
+"""Levels per RGB channel of the colour histogram of `heldout/image/entropy` (the shapes judge's `entropy` too)."""
+HUE_BINS = 6
+"""Hue bins of the colour histogram of `heldout/image/colour_shift`: 60 degrees each, centred on red, yellow, green,
+cyan, blue and magenta (a colour near a bin's centre does not split between two bins as its hue jitters)."""
+CHROMA_FLOOR = 0.25
+"""A pixel has a hue when its HSV saturation and value are both at least this."""
 
 
 @dataclass(frozen=True)
@@ -70,18 +78,62 @@ class Alarm:
         )
 
 
-def image_guard_stats(images: torch.Tensor) -> dict[str, float]:
-    """Mean brightness (Rec. 601 luma) and HSV saturation ((max - min) / max over RGB) of images `[B, 3, ...]` in
-    [0, 1] (video clips `[B, 3, T, H, W]` too), keyed `heldout/image/<stat>`."""
+def image_guard_stats(images: torch.Tensor, base_hue: torch.Tensor | None = None) -> dict[str, float]:
+    """Statistics of validation samples `[B, 3, ...]` in [0, 1] (video clips `[B, 3, T, H, W]` too), keyed
+    `heldout/image/<stat>`: mean brightness (Rec. 601 luma), HSV saturation ((max - min) / max over RGB), colour
+    entropy (`colour_entropy`, the mean over samples) and colour shift (`histogram_shift` of the samples' pooled
+    `hue_histogram` from `base_hue`; 0 without one)."""
     x = images.detach().float().clamp(0, 1)
     weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, *([1] * (x.ndim - 2)))
     luma = (x * weights).sum(dim=1)
     high, low = x.max(dim=1).values, x.min(dim=1).values
     saturation = torch.where(high > 0, (high - low) / high.clamp_min(1e-12), torch.zeros_like(high))
+    hue = hue_histogram(x)
     return {
         f"{IMAGE_PREFIX}brightness": float(luma.mean()),
         f"{IMAGE_PREFIX}saturation": float(saturation.mean()),
+        f"{IMAGE_PREFIX}entropy": float(colour_entropy(x).mean()),
+        f"{IMAGE_PREFIX}colour_shift": histogram_shift(hue, hue if base_hue is None else base_hue),
     }
+
+
+def colour_entropy(images: torch.Tensor) -> torch.Tensor:
+    """Per sample `[B]`: the Shannon entropy (bits) of its colour histogram with ENTROPY_LEVELS levels per RGB
+    channel (512 bins): 0 for one flat colour, 1 for two colours in equal parts, ~9 for uniform noise. Specks and
+    texture raise it; images `[B, 3, ...]` in [0, 1]."""
+    levels = ENTROPY_LEVELS
+    q = (images.detach().float().clamp(0, 1) * levels).long().clamp(max=levels - 1)
+    bins = (q[:, 0] * levels + q[:, 1]) * levels + q[:, 2]
+    flat = bins.reshape(bins.shape[0], -1)
+    counts = torch.zeros(flat.shape[0], levels**3).scatter_add_(1, flat, torch.ones(flat.shape))
+    p = counts / flat.shape[1]
+    return -(p * torch.log2(p.clamp_min(1e-30))).sum(dim=1)
+
+
+def hue_histogram(images: torch.Tensor) -> torch.Tensor:
+    """Pixel counts `[HUE_BINS]` of the HSV hue (bins of 360 / HUE_BINS degrees, the first centred on red) over the
+    chromatic pixels (saturation and value (max over RGB) both >= CHROMA_FLOOR) of all samples `[B, 3, ...]` in
+    [0, 1]; grey, white and dark pixels have no hue and are not counted."""
+    x = images.detach().float().clamp(0, 1).movedim(1, -1).reshape(-1, 3)
+    high, low = x.max(dim=1).values, x.min(dim=1).values
+    delta = high - low
+    chromatic = (high >= CHROMA_FLOOR) & (delta >= CHROMA_FLOOR * high)
+    r, g, b = x[chromatic].unbind(dim=1)
+    h, d = high[chromatic], delta[chromatic]
+    sixths = torch.where(
+        r == h, torch.remainder((g - b) / d, 6.0), torch.where(g == h, (b - r) / d + 2.0, (r - g) / d + 4.0)
+    )
+    index = torch.remainder(torch.floor(sixths * HUE_BINS / 6.0 + 0.5), HUE_BINS).long()
+    return torch.bincount(index, minlength=HUE_BINS).float()
+
+
+def histogram_shift(counts: torch.Tensor, base: torch.Tensor) -> float:
+    """Total variation distance between two histograms (each normalised to sum 1): half the L1 distance, 0 for the
+    same distribution, 1 for disjoint ones; 0 when both are empty, 1 when one of them is."""
+    total, base_total = float(counts.sum()), float(base.sum())
+    if total == 0 or base_total == 0:
+        return 0.0 if total == base_total else 1.0  # both empty, or only one
+    return 0.5 * float((counts / total - base / base_total).abs().sum())
 
 
 def window_mean(series: Sequence[tuple[int, float]], after: float, upto: float) -> float:
@@ -167,6 +219,15 @@ class Guard:
         self.step_keys: set[str] = set()
         # the bests of the newest training checkpoint: their guard/step_* stay until the next one
         self.saved_best: set[int] = set()
+        self.base_hue: torch.Tensor | None = None
+        """The hue histogram of the run's first validation (the base when `validation.val_before_train`)."""
+
+    def image_metrics(self, images: torch.Tensor) -> dict[str, float]:
+        """`image_guard_stats` of a validation's samples; the first validation's hue histogram becomes the base
+        that `heldout/image/colour_shift` is measured from."""
+        if self.base_hue is None:
+            self.base_hue = hue_histogram(images)
+        return image_guard_stats(images, self.base_hue)
 
     def record_step(self, step: int, metrics: Mapping[str, float]) -> None:
         """Keep the trained reward of optimizer step `step`."""
@@ -282,6 +343,7 @@ class Guard:
             "step_keys": sorted(self.step_keys),
             "alarm": None if self.alarm is None else asdict(self.alarm),
             "samples": samples,
+            "base_hue": self.base_hue,
         }
 
     def load_checkpoint_state(self, state: Mapping[str, Any], upto: int) -> None:
@@ -305,6 +367,7 @@ class Guard:
             if step <= upto
         }
         self.saved_best = self.best_steps()
+        self.base_hue = state.get("base_hue") if self.steps else None
 
     def forget_after(self, step: int) -> None:
         """Remove what the run left under guard/ past `step` (kept checkpoints, alarm grids, alarm.json entries):

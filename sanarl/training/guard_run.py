@@ -16,7 +16,7 @@ import torch
 from sanarl.config.schema import Config, ValidationConfig
 from sanarl.training.checkpoint import load_checkpoint, load_extra
 from sanarl.training.components import RunComponent, RunHandle
-from sanarl.training.guard import Guard, check_reward_keys, image_guard_stats
+from sanarl.training.guard import Guard, check_reward_keys
 from sanarl.training.tracking import MetricsLogger
 
 
@@ -44,7 +44,7 @@ class GuardComponent(RunComponent):
         self.guard.record_step(step, metrics)
 
     def validation_metrics(self, images: torch.Tensor) -> dict[str, float]:
-        return image_guard_stats(images)
+        return self.guard.image_metrics(images)
 
     def observe(self, step: int, images: torch.Tensor, prompts: list[str], logged: dict[str, float]) -> None:
         self.guard.observe(step, images, prompts, logged)

@@ -78,4 +78,7 @@ def test_curve_points_evaluate_each_timed_checkpoint(run_cli, tmp_path):
     table = (out / "results.md").read_text()
     assert "## Held-out curves" in table and "| sft-more | 0 | 0 | 0.0 |" in table  # the base at minute 0
     assert "| sft-more | 0 | 2 |" in table and "| sft-more | 0 | 3 |" in table
+    (stability,) = json.loads((out / "results.json").read_text())["stability"]  # best and end of the curve
+    assert stability["end_step"] == 3 and stability["best_step"] in (0, 1, 2, 3)
+    assert "## Best and end point of each curve (shapes/exact)" in table and "| sft-more | 0 | " in table
     assert (out / "curves.png").stat().st_size > 0

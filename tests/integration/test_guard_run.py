@@ -118,3 +118,43 @@ def test_a_resumed_run_fires_against_the_best_from_before_the_resume_and_rolls_b
         assert torch.equal(exported["transformer." + key.replace(".default.", ".")].to(value.dtype), value), (
             key
         )
+
+
+# The shipped tiny-shapes-nft-exact (tiny-shapes-nft plus the shipped guard) at 10 times its learning rate, with a
+# smaller batch and validation: the samples degrade the way the 25-minute run did (specks, textured background,
+# colours drifting) within 8 steps instead of 200. Over so few steps the trained reward is noise, so the rise
+# condition is off (`trained_metric = ""`; tests/unit/test_guard.py replays the 25-minute curve with it on).
+DEGRADING = (
+    "train.optm_lr=1e-2", "train.max_num_steps=12", "train.train_batch_per_replica=16",
+    "train.train_policy.mini_batch=16", "validation.freq=4", "validation.num_samples=16", "validation.batch_size=16",
+    'validation.guard.trained_metric=""',
+)  # fmt: skip
+
+
+def test_the_shipped_guard_stops_a_run_whose_images_degrade_and_rolls_back(run_cli, tmp_path):
+    code, stdout, stderr = run_cli(
+        "--config", "tiny-shapes-nft-exact", "sanarl.datasets.shapes", "--set", f"train.output_dir={tmp_path}",
+        *[x for s in DEGRADING for x in ("--set", s)],
+    )  # fmt: skip
+    assert code == 0, stderr
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    held = {r["step"]: r for r in records if "heldout/shapes/specks" in r}
+    assert sorted(held) == [0, 4, 8] and max(r["step"] for r in records) == 8  # stopped at 8 of 12 steps
+    base, now = held[0], held[8]
+    assert base["heldout/shapes/specks"] == 0.0 and base["heldout/image/colour_shift"] == 0.0
+    # the images degraded, not the counts: specks per image and the colour entropy far past their margins
+    assert now["heldout/shapes/specks"] > 0.25 + 1.0
+    assert now["heldout/image/entropy"] > base["heldout/image/entropy"] + 0.5
+    (alarm,) = json.loads((tmp_path / "guard" / "alarm.json").read_text())
+    assert (alarm["key"], alarm["best_step"], alarm["step"]) == ("heldout/shapes/specks", 0, 8)
+    assert alarm["value"] == now["heldout/shapes/specks"] and alarm["action"] == "stop"
+    text = " ".join(stdout.split())  # the console wraps long lines
+    assert "stopped by the reward-hacking guard at step 8: guard: heldout/shapes/specks worsened" in text
+    assert "Exported the step-0 weights (best by the guard)" in text
+    assert (tmp_path / "guard" / "alarm_step_00000008.png").is_file()
+    best = load_file(tmp_path / "guard" / "step_00000000" / "ema.safetensors")
+    exported = load_file(tmp_path / "export" / "pytorch_lora_weights.safetensors")
+    for key, value in best.items():
+        assert torch.equal(exported["transformer." + key.replace(".default.", ".")].to(value.dtype), value), (
+            key
+        )

@@ -15,7 +15,17 @@ from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.errors import ConfigError
 from sanarl.methods.loading import loads_config
 from sanarl.training.checkpoint import load_extra, save_checkpoint
-from sanarl.training.guard import Alarm, Guard, best_index, find_alarm, image_guard_stats, trained_at
+from sanarl.training.guard import (
+    Alarm,
+    Guard,
+    best_index,
+    colour_entropy,
+    find_alarm,
+    histogram_shift,
+    hue_histogram,
+    image_guard_stats,
+    trained_at,
+)
 
 EXTRA = GuardMetricConfig("heldout/shapes/extra", "higher", 0.5)
 BRIGHT = GuardMetricConfig("heldout/image/brightness", "lower", 0.1)
@@ -81,6 +91,73 @@ def test_image_guard_stats_by_hand():
     assert stats["heldout/image/saturation"] == pytest.approx(0.5)
     clip = img.unsqueeze(2).repeat(1, 1, 3, 1, 1)  # video [1, 3, T, 1, 2]: the same means
     assert image_guard_stats(clip) == pytest.approx(stats)
+
+
+# six pixels: red twice, yellow, mid grey, dark red (value 0.2 < 0.25: no hue), pale pink (saturation 0.1: no hue)
+PIXELS = [
+    (1.0, 0.0, 0.0),
+    (1.0, 0.0, 0.0),
+    (1.0, 1.0, 0.0),
+    (0.5, 0.5, 0.5),
+    (0.2, 0.0, 0.0),
+    (1.0, 0.9, 0.9),
+]
+
+
+def _image(pixels: list[tuple[float, float, float]]) -> torch.Tensor:
+    """One image [1, 3, 1, N] of the given RGB pixels."""
+    return torch.tensor(pixels).T.reshape(1, 3, 1, len(pixels))
+
+
+def test_colour_entropy_by_hand():
+    # 8 levels per channel: red (7,0,0) twice, yellow (7,7,0), grey (4,4,4), dark red (1,0,0), pink (7,7,7): one bin
+    # with 2/6 and four with 1/6 -> H = (1/3) log2 3 + (2/3) log2 6 bits
+    expected = math.log2(3) / 3 + 2 * math.log2(6) / 3
+    assert float(colour_entropy(_image(PIXELS))[0]) == pytest.approx(expected)
+    flat = torch.full((2, 3, 4, 4), 0.3)
+    assert colour_entropy(flat).tolist() == [0.0, 0.0]  # one flat colour: 0 bits each
+    halves = torch.cat([torch.zeros(1, 3, 4, 2), torch.ones(1, 3, 4, 2)], dim=3)
+    assert float(colour_entropy(halves)[0]) == pytest.approx(1.0)  # black | white in equal parts: 1 bit
+
+
+def test_hue_histogram_by_hand():
+    # six bins of 60 degrees centred on red, yellow, green, cyan, blue, magenta: red (0) -> bin 0, yellow (60) -> 1;
+    # grey, dark red and pale pink have no hue
+    assert hue_histogram(_image(PIXELS)).tolist() == [2, 1, 0, 0, 0, 0]
+    # green 120 -> 2, cyan 180 -> 3, blue 240 -> 4, magenta 300 -> 5, (1, 0, 0.1) at 354 degrees -> red's bin 0,
+    # (1, 0.45, 0) at 27 degrees -> 0, (1, 0.55, 0) at 33 degrees -> 1
+    pixels = [(0, 1, 0), (0, 1, 1), (0, 0, 1), (1, 0, 1), (1, 0, 0.1), (1, 0.45, 0), (1, 0.55, 0)]
+    assert hue_histogram(_image(pixels)).tolist() == [2, 1, 1, 1, 1, 1]
+
+
+def test_histogram_shift_by_hand():
+    base = torch.tensor([2.0, 0, 1, 0])  # 2/3 red, 1/3 yellow
+    assert histogram_shift(torch.tensor([0.0, 0, 3, 0]), base) == pytest.approx(
+        2 / 3
+    )  # all yellow: |2/3| + |2/3|, / 2
+    assert histogram_shift(torch.tensor([4.0, 0, 2, 0]), base) == 0.0  # the same proportions
+    assert histogram_shift(torch.tensor([0.0, 1, 0, 0]), base) == 1.0  # disjoint
+    assert histogram_shift(torch.zeros(4), torch.zeros(4)) == 0.0
+    assert histogram_shift(torch.zeros(4), base) == 1.0 and histogram_shift(base, torch.zeros(4)) == 1.0
+
+
+def test_colour_shift_is_measured_from_the_first_validation_and_survives_a_resume(tmp_path):
+    """A colour collapse to yellow (the red pixels of the base turn yellow) moves colour_shift 0 -> 2/3 while
+    brightness-like statistics barely move; the base histogram is the first validation's, kept in guard.pt."""
+    collapsed = [(1.0, 1.0, 0.0) if p == (1.0, 0.0, 0.0) else p for p in PIXELS]
+    guard = Guard(GuardConfig(enable=True, metrics=[EXTRA]), tmp_path)
+    first = guard.image_metrics(_image(PIXELS))
+    assert first["heldout/image/colour_shift"] == 0.0
+    assert first["heldout/image/entropy"] == pytest.approx(math.log2(3) / 3 + 2 * math.log2(6) / 3)
+    assert guard.image_metrics(_image(collapsed))["heldout/image/colour_shift"] == pytest.approx(2 / 3)
+    guard.observe(0, _image(PIXELS), ["a red square"], {EXTRA.key: 0.0})
+    state = guard.checkpoint_state()
+    resumed = Guard(GuardConfig(enable=True, metrics=[EXTRA]), tmp_path)
+    resumed.load_checkpoint_state(state, upto=0)
+    assert resumed.image_metrics(_image(collapsed))["heldout/image/colour_shift"] == pytest.approx(2 / 3)
+    before_any = Guard(GuardConfig(enable=True, metrics=[EXTRA]), tmp_path)
+    before_any.load_checkpoint_state(state, upto=-1)  # no validation kept: the next one is the base again
+    assert before_any.image_metrics(_image(collapsed))["heldout/image/colour_shift"] == 0.0
 
 
 def _tensors(value: float) -> dict[str, dict[str, torch.Tensor]]:
@@ -231,7 +308,7 @@ def test_guard_config_is_typed_and_strict():
         ({"action": "halt"}, r"validation.guard.action.*'log', 'stop'"),
         ({"key": "heldout/clip/score"}, r"metrics\[0\].key.*'clip'.*held_out_rewards"),
         ({"key": "reward/mean"}, r"metrics\[0\].key.*heldout/<reward>/<key>"),
-        ({"key": "heldout/image/contrast"}, r"'brightness', 'saturation'"),
+        ({"key": "heldout/image/contrast"}, r"'brightness', 'saturation', 'entropy', 'colour_shift'"),
         ({"worse": "up"}, r"metrics\[0\].worse.*'higher', 'lower'"),
         ({"margin": -0.1}, r"metrics\[0\].margin.*>= 0"),
     ]
@@ -254,3 +331,46 @@ def test_a_reward_key_the_reward_does_not_return_is_named_before_training():
     bad = GuardConfig(enable=True, metrics=[GuardMetricConfig("heldout/shapes/clutter")])
     with pytest.raises(ConfigError, match=r"metrics\[0\].key.*'shapes' returns the keys.*'extra'"):
         check_reward_keys(bad, rewards)
+
+
+@pytest.mark.parametrize("preset", ["tiny-shapes-nft-guard", "tiny-shapes-nft-exact"])
+def test_the_shipped_guards_fire_on_the_decaying_nft_curve_at_15_minutes_not_before(preset):
+    """The 25-minute tiny-shapes-nft run that decayed (specks and background per 512 held-out samples at minutes
+    0, 10, 15, 20, 25; 13 steps a minute) replayed through the shipped guard presets' rules with a rising trained
+    reward: at minute 10 every metric is within its margin (specks 0.09 <= 0.25, background 0.815 -> 0.806: 0.009 <=
+    0.015, extra -0.04 -> +0.04: 0.08 <= 0.3); at minute 15 specks 0.35 exceed the base's 0.0 by more than 0.25 and
+    the alarm fires there, against the base. Entropy is known at the base and the end only (1.37 -> 2.65), the colour
+    shift not at all: NaN where unknown, which no rule reads."""
+    from sanarl.config.presets import resolve_preset_path
+    from sanarl.methods.loading import load_config
+
+    cfg = load_config(resolve_preset_path(preset)).config.validation.guard
+    steps = [0, 130, 195, 260, 325]
+    values = {
+        "heldout/shapes/specks": [0.0, 0.09, 0.35, 4.38, 7.94],
+        "heldout/shapes/background": [0.815, 0.806, 0.820, 0.798, 0.790],
+        "heldout/shapes/extra": [-0.04, 0.04, 0.03, -0.02, -0.06],
+        "heldout/image/entropy": [1.37, math.nan, math.nan, math.nan, 2.65],
+        "heldout/image/colour_shift": [0.0, math.nan, math.nan, math.nan, math.nan],
+    }
+    trained = [(s, 0.6 + 0.0005 * s) for s in range(1, 326)]
+    assert [r.key for r in cfg.metrics] == [*values][:2] + [*values][3:] + ["heldout/shapes/extra"]
+    assert cfg.action == "stop" and cfg.trained_metric == "reward/mean"
+    fired = []
+    for i in range(2, len(steps) + 1):
+        alarm = find_alarm(steps[:i], {k: v[:i] for k, v in values.items()}, cfg.metrics, trained)
+        fired.append(None if alarm is None else (alarm.key, alarm.best_step, alarm.value))
+    assert fired[0] is None  # minute 10
+    assert fired[1] == ("heldout/shapes/specks", 0, 0.35)  # minute 15
+    # without the specks rule, the background (0.820 best at minute 15, 0.798 at 20: 0.022 > 0.015) fires at 20
+    rest = [r for r in cfg.metrics if r.key != "heldout/shapes/specks"]
+    alarm = find_alarm(steps[:4], {k: v[:4] for k, v in values.items()}, rest, trained)
+    assert (alarm.key, alarm.best_step, alarm.best, alarm.value) == (
+        "heldout/shapes/background",
+        195,
+        0.820,
+        0.798,
+    )
+    # and the entropy rule alone at minute 25: 2.65 - 1.37 = 1.28 bits > 0.5
+    entropy = [r for r in cfg.metrics if r.key == "heldout/image/entropy"]
+    assert find_alarm(steps, values, entropy, trained).worsening == pytest.approx(1.28)
