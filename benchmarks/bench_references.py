@@ -81,6 +81,9 @@ def check(args: argparse.Namespace) -> list[str]:
             fail(f"{flag} {folder}: no {need} there; pass the root of that repository's checkout.")
     if args.samples % args.batch or args.samples % args.micro:
         fail(f"--batch {args.batch} and --micro {args.micro} must divide the {args.samples} samples.")
+    if "grpo" in pairs and args.samples // args.micro < UPDATES["grpo"]:
+        fail(f"the grpo pair takes {UPDATES['grpo']} optimizer steps per rollout: --micro {args.micro} must leave "
+             f"at least {UPDATES['grpo']} micro-batches of the {args.samples} samples.")  # fmt: skip
     if args.window >= args.steps:
         fail(f"--window {args.window} must be below --steps {args.steps}.")
     return pairs
