@@ -101,6 +101,9 @@ class DiffusionNftSide(Side):
         rows = [p for p in self.work.prompt_list() for _ in range(self.work.group)]
         return [rows[i : i + self.work.batch] for i in range(0, len(rows), self.work.batch)]
 
+    def _timed_sample(self) -> list[dict]:
+        return self.clock.timed_rollout(self._sample)()
+
     def _sample(self) -> list[dict]:
         """SAMPLING with the old adapter; each batch's reward goes to the pool as the next batch samples."""
         w, pipe, samples = self.work, self.pipe, []
@@ -252,9 +255,4 @@ class DiffusionNftSide(Side):
                 dst.data.copy_(dst.detach().data * decay + src.detach().clone().data * (1.0 - decay))
 
     def iteration(self) -> dict[str, float]:
-        self.clock.reset()
-        t0 = time.perf_counter()
-        samples = self._sample()
-        self.clock.rollout_wall = time.perf_counter() - t0
-        self._train(self._advantages(samples))
-        return self.clock.phases(time.perf_counter() - t0)
+        return self.clock.iteration(lambda: self._train(self._advantages(self._timed_sample())))

@@ -90,6 +90,9 @@ class FlowGrpoSide(Side):
         rows = [p for p in self.work.prompt_list() for _ in range(self.work.group)]
         return [rows[i : i + self.work.batch] for i in range(0, len(rows), self.work.batch)]
 
+    def _timed_sample(self) -> list[dict]:
+        return self.clock.timed_rollout(self._sample)()
+
     def _sample(self) -> list[dict]:
         """SAMPLING: each batch encoded, sampled with the SDE window, its reward submitted to the pool."""
         w, pipe, samples = self.work, self.pipe, []
@@ -228,9 +231,4 @@ class FlowGrpoSide(Side):
             self.ema.step(self.params, self.global_step)
 
     def iteration(self) -> dict[str, float]:
-        self.clock.reset()
-        t0 = time.perf_counter()
-        samples = self._sample()
-        self.clock.rollout_wall = time.perf_counter() - t0
-        self._train(self._advantages(samples))
-        return self.clock.phases(time.perf_counter() - t0)
+        return self.clock.iteration(lambda: self._train(self._advantages(self._timed_sample())))

@@ -4,7 +4,6 @@ grad clipping, AdamW, EMA, old-policy update), `Work.updates` optimizer steps pe
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from _peers import MAX_SEQUENCE_LENGTH, PhaseClock, Side, Work
@@ -73,23 +72,13 @@ class SanarlSide(Side):
         self.clock = PhaseClock()
         rollouts = task.rollouts
         rollouts.reward_fn = self.clock.timed_reward(rollouts.reward_fn)
-        rollouts.rollout = self._timed_rollout(rollouts.rollout)
-        rollouts.rollout_with = self._timed_rollout(rollouts.rollout_with)
-
-    def _timed_rollout(self, fn):
-        def wrapped(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.clock.rollout_wall += time.perf_counter() - t0
-
-        return wrapped
+        rollouts.rollout = self.clock.timed_rollout(rollouts.rollout)
+        rollouts.rollout_with = self.clock.timed_rollout(rollouts.rollout_with)
 
     def iteration(self) -> dict[str, float]:
         """One rollout and its `updates` optimizer steps (steps 0 .. updates - 1: every call samples afresh)."""
-        self.clock.reset()
-        t0 = time.perf_counter()
+        return self.clock.iteration(self._steps)
+
+    def _steps(self) -> None:
         for step in range(self.work.updates):
             self.runner.train_step(step)
-        return self.clock.phases(time.perf_counter() - t0)

@@ -118,37 +118,52 @@ def save_model(folder: Path) -> Path:
 
 
 class PhaseClock:
-    """Seconds per phase of one iteration: `reward` is the time spent inside reward calls (whatever thread makes
-    them), `rollout` the time from the first sample to the last reward collected minus the reward time, `training`
-    the rest of the iteration (advantages, batches, forwards, backwards, optimizer, EMA, old-policy copy)."""
+    """CPU seconds per phase of one iteration (the process's CPU time, all threads: on a shared box the wall clock
+    mostly measures the wait for a core, which neither side controls). `reward`: the CPU time of the threads
+    making reward calls, inside the calls; `rollout`: the process's CPU time from the first sample to the last
+    reward collected, minus the reward time; `training`: the rest of the iteration (advantages, batches, forwards,
+    backwards, optimizer, EMA, old-policy copy); `whole`: the iteration; `wall`: the iteration's wall-clock time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.reward = 0.0
-        self.rollout_wall = 0.0
+        self.rollout_cpu = 0.0
 
     def timed_reward(self, fn: Callable) -> Callable:
         def wrapped(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 with self._lock:
-                    self.reward += time.perf_counter() - t0
+                    self.reward += time.thread_time() - t0
 
         return wrapped
 
-    def reset(self) -> None:
-        self.reward = 0.0
-        self.rollout_wall = 0.0
+    def timed_rollout(self, fn: Callable) -> Callable:
+        """`fn` (a whole rollout: sampling and scoring) with its process CPU time added to the rollout phase."""
 
-    def phases(self, whole: float) -> dict[str, float]:
-        rollout = max(self.rollout_wall - self.reward, 0.0)
+        def wrapped(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.rollout_cpu += time.process_time() - t0
+
+        return wrapped
+
+    def iteration(self, fn: Callable[[], object]) -> dict[str, float]:
+        """Run one iteration `fn` and return its phases."""
+        self.reward = self.rollout_cpu = 0.0
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return {
-            "rollout": rollout,
+            "rollout": max(self.rollout_cpu - self.reward, 0.0),
             "reward": self.reward,
-            "training": max(whole - self.rollout_wall, 0.0),
-            "whole": whole,
+            "training": max(cpu - self.rollout_cpu, 0.0),
+            "whole": cpu,
+            "wall": wall,
         }
 
 

@@ -13,8 +13,10 @@ what of their script is left out); without a directory the pair runs sanarl's si
 model folder (benchmarks/_peers.py), prompts, group size, sampling steps, size, trained levels, LoRA rank, sampling
 batch, training micro-batch, optimizer steps per rollout, float32, the weight-free `jpeg_compressibility` reward,
 one intra-op thread. Each side gets `--warmup` untimed iterations, then `--repeats` timed ones interleaved
-(A B, B A, ...); medians per phase (rollout = sampling with text encoding and decoding; reward = time inside the
-reward calls; training = the rest: advantages, batches, forwards, backwards, optimizer, EMA). Peak memory: each
+(A B, B A, ...); medians per phase, in CPU seconds of the process (all threads; on a shared box the wall clock
+mostly measures the wait for a core): rollout = sampling with text encoding and decoding; reward = inside the
+reward calls; training = the rest (advantages, batches, forwards, backwards, optimizer, EMA); whole = the
+iteration; wall = the iteration's wall-clock time. Peak memory: each
 side again in a fresh process, one warm-up iteration, then the peak RSS of one iteration above the resident size
 before it (the method of scripts/measure_capacity.py; `--no-memory` skips it).
 
@@ -35,7 +37,7 @@ import _common
 import torch
 from _peers import Side, Work, measure_child, peak_memory, save_model
 
-PHASES = ("rollout", "reward", "training", "whole")
+PHASES = ("rollout", "reward", "training", "whole", "wall")
 UPDATES = {"grpo": 2, "nft": 1}
 """Optimizer steps per rollout: flow_grpo's SD3 configs and sd35m-grpo take 2, DiffusionNFT's SD3 PickScore
 config and sd35m-nft take 1."""
