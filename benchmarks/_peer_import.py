@@ -50,8 +50,12 @@ def import_reference(
     """Copy `checkout/package` under `scratch`, patch CUDA-only calls in the `modules` files when there is no GPU,
     import `modules` (dotted names under `package`) from the copy. Returns the modules and the patch notes."""
     source = checkout / package
-    if not (source / "__init__.py").exists() and not source.is_dir():
-        raise SystemExit(f"{checkout} has no {package}/ package: pass the root of a {package} checkout.")
+    if not source.is_dir():
+        print(
+            f"{checkout} has no {package}/ package: pass the root of that repository's checkout.",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     root = Path(tempfile.mkdtemp(prefix=f"{checkout.name}-", dir=scratch))
     shutil.copytree(source, root / package, ignore=shutil.ignore_patterns("__pycache__", "assets", "*.png"))
     files = [root / package / (name.replace(".", "/") + ".py") for name in modules]
