@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -70,7 +70,6 @@ class Work:
     rank: int = 32
     guidance: float = 4.5
     noise_level: float = 0.7
-    extra: dict = field(default_factory=dict)
 
     @property
     def samples(self) -> int:
@@ -168,17 +167,14 @@ class PhaseClock:
 
 
 class Side:
-    """One contender of a pair: built once, then `iteration()` runs one whole iteration and returns its phases."""
+    """One contender of a pair: built once, then `iteration()` runs one whole iteration and returns its phases.
+    `patched`: the lines of the reference's copy patched for the CPU (empty for sanarl)."""
 
     name: str
     patched: list[str]
 
     def iteration(self) -> dict[str, float]:
         raise NotImplementedError
-
-
-def run_iteration(side: Side) -> dict[str, float]:
-    return side.iteration()
 
 
 # --- peak memory: a fresh child per side (the method of scripts/measure_capacity.py) ---------------------------------
