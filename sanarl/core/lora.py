@@ -7,6 +7,7 @@ theta_old); the reference model is the base with adapters disabled. Only the "de
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -93,12 +94,37 @@ def copy_adapter(module: nn.Module, src: str, dst: str) -> None:
         p.copy_(src_params[k.replace(f".{dst}.", f".{src}.")])
 
 
+_TUNER_LAYERS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[str, ...], list[nn.Module]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per model: its adapter names when last scanned, and its peft tuner layers in `named_modules` order."""
+
+
+def tuner_layers(module: nn.Module) -> list[nn.Module]:
+    """The peft LoRA layers of `module` (what diffusers' `set_adapter` / `disable_adapters` visit), found once per
+    set of adapter names: switching adapters then costs a walk over these layers, not over every submodule."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    names = tuple(getattr(module, "peft_config", {}))
+    cached = _TUNER_LAYERS.get(module)
+    if cached is None or cached[0] != names:
+        cached = (names, [m for m in module.modules() if isinstance(m, BaseTunerLayer)])
+        _TUNER_LAYERS[module] = cached
+    return cached[1]
+
+
 def activate_adapter(module: nn.Module, name: str) -> None:
-    """Make `name` the adapter used by forward (keeps requires_grad flags as they are)."""
-    flags = {k: p.requires_grad for k, p in module.named_parameters()}
-    module.set_adapter(name)
-    for k, p in module.named_parameters():  # peft's set_adapter marks the active adapter trainable
-        p.requires_grad_(flags[k])
+    """Make `name` the adapter used by forward (keeps requires_grad flags as they are). The same calls as diffusers'
+    `set_adapter` (each LoRA layer's `set_adapter([name])`), on the cached layers; the flags peft's `set_adapter`
+    changes (the active adapter becomes trainable) are put back, layer by layer."""
+    if name not in getattr(module, "peft_config", {}):
+        module.set_adapter(name)  # diffusers' own error: no such adapter
+    for layer in tuner_layers(module):
+        params = list(layer.parameters())
+        flags = [p.requires_grad for p in params]
+        layer.set_adapter([name])
+        for param, flag in zip(params, flags, strict=True):
+            param.requires_grad_(flag)
 
 
 @contextmanager
@@ -113,12 +139,16 @@ def using_adapter(module: nn.Module, name: str, restore: str = "default") -> Ite
 
 @contextmanager
 def adapters_disabled(module: nn.Module) -> Iterator[None]:
-    """Forward with the base weights only (the reference model)."""
-    module.disable_adapters()
+    """Forward with the base weights only (the reference model): diffusers' `disable_adapters` /
+    `enable_adapters` calls (each LoRA layer's `enable_adapters(False / True)`) on the cached layers."""
+    layers = tuner_layers(module)
+    for layer in layers:
+        layer.enable_adapters(False)
     try:
         yield
     finally:
-        module.enable_adapters()
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def diffusers_lora_state_dict(module: nn.Module, name: str = "default") -> dict[str, torch.Tensor]:

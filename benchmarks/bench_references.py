@@ -1,0 +1,216 @@
+"""One training iteration of sanarl against the references' own training loops, on the same model and work.
+
+Pairs (each: sanarl's preset scaled down to the work, and the reference's loop, on one tiny SD3.5-M folder):
+- `grpo`: flow_grpo's `scripts/train_sd3_fast.py` (Flow-GRPO-Fast: SDE window, CFG in training, two optimizer
+  steps per rollout) against `sd35m-grpo` with the same window (`--flow-grpo DIR`);
+- `nft`: DiffusionNFT's `scripts/train_nft_sd3.py` (deterministic DPM-Solver++ 2M rollouts without CFG, old /
+  current / reference forwards, one optimizer step per rollout, old-policy decay copy) against `sd35m-nft`
+  (`--diffusion-nft DIR`).
+
+The references run from the checkouts given (a temporary copy of their package is imported; the reference side's
+docstrings in benchmarks/_peer_flow_grpo.py and _peer_diffusion_nft.py say which of their modules are driven and
+what of their script is left out); without a directory the pair runs sanarl's side only. Same on both sides: the
+model folder (benchmarks/_peers.py), prompts, group size, sampling steps, size, trained levels, LoRA rank, sampling
+batch, training micro-batch, optimizer steps per rollout, float32, the weight-free `jpeg_compressibility` reward,
+one intra-op thread. Each side gets `--warmup` untimed iterations, then `--repeats` timed ones interleaved
+(A B, B A, ...); medians per phase, in CPU seconds of the process (all threads; on a shared box the wall clock
+mostly measures the wait for a core): rollout = sampling with text encoding and decoding; reward = inside the
+reward calls; training = the rest (advantages, batches, forwards, backwards, optimizer, EMA); whole = the
+iteration; wall = the iteration's wall-clock time. Peak memory: each
+side again in a fresh process, one warm-up iteration, then the peak RSS of one iteration above the resident size
+before it (the method of scripts/measure_capacity.py; `--no-memory` skips it).
+
+    python benchmarks/bench_references.py [--flow-grpo DIR] [--diffusion-nft DIR] [--pairs grpo,nft]
+        [--prompts 2 --group 4 --steps 6 --size 64 --batch 4 --micro 4 --window 2 --rank 32]
+        [--repeats 5 --warmup 1 --threads 1 --no-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import _common
+import torch
+from _peers import Side, Work, measure_child, peak_memory, save_model
+
+PHASES = ("rollout", "reward", "training", "whole", "wall")
+UPDATES = {"grpo": 2, "nft": 1}
+"""Optimizer steps per rollout: flow_grpo's SD3 configs and sd35m-grpo take 2, DiffusionNFT's SD3 PickScore
+config and sd35m-nft take 1."""
+REFERENCE = {"grpo": "flow_grpo", "nft": "DiffusionNFT"}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--flow-grpo", type=Path, help="a flow_grpo checkout (with scripts/train_sd3_fast.py)"
+    )
+    parser.add_argument("--diffusion-nft", type=Path, help="a DiffusionNFT checkout")
+    parser.add_argument("--pairs", default="grpo,nft", help="comma-separated: grpo, nft")
+    for name, default in (("prompts", 2), ("group", 4), ("steps", 6), ("size", 64), ("batch", 4)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    for name, default in (("micro", 4), ("window", 2), ("rank", 32), ("repeats", 5), ("warmup", 1)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # "<pair>:<side>": one memory measurement
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def fail(message: str) -> None:
+    """Bad arguments: the message on stderr, exit code 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check(args: argparse.Namespace) -> list[str]:
+    """The pairs to run; bad arguments end here with exit code 2 before anything loads."""
+    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
+    bad = [p for p in pairs if p not in UPDATES]
+    if bad or not pairs:
+        fail(f"--pairs {args.pairs!r}: choose from grpo, nft (comma-separated).")
+    for flag, folder, need in (
+        ("--flow-grpo", args.flow_grpo, "scripts/train_sd3_fast.py"),
+        ("--diffusion-nft", args.diffusion_nft, "scripts/train_nft_sd3.py"),
+    ):
+        if folder is not None and not (folder / need).is_file():
+            fail(f"{flag} {folder}: no {need} there; pass the root of that repository's checkout.")
+    if args.samples % args.batch or args.samples % args.micro:
+        fail(f"--batch {args.batch} and --micro {args.micro} must divide the {args.samples} samples.")
+    if "grpo" in pairs and args.samples // args.micro < UPDATES["grpo"]:
+        fail(f"the grpo pair takes {UPDATES['grpo']} optimizer steps per rollout: --micro {args.micro} must leave "
+             f"at least {UPDATES['grpo']} micro-batches of the {args.samples} samples.")  # fmt: skip
+    if "grpo" in pairs and args.window >= args.steps:
+        fail(f"--window {args.window} must be below --steps {args.steps}.")
+    return pairs
+
+
+def work_for(args: argparse.Namespace, pair: str) -> Work:
+    return Work(
+        prompts=args.prompts,
+        group=args.group,
+        steps=args.steps,
+        size=args.size,
+        batch=args.batch,
+        micro=args.micro,
+        updates=UPDATES[pair],
+        window=args.window,
+        rank=args.rank,
+    )
+
+
+def build_side(pair: str, side: str, work: Work, args: argparse.Namespace, scratch: Path) -> Side:
+    """sanarl's or the reference's side of `pair` on `work` (model and prompt files under `scratch`)."""
+    model = save_model(scratch / "tiny-sd35m")
+    if side == "sanarl":
+        from _peer_sanarl import SanarlSide
+
+        prompts = scratch / "prompts.txt"
+        prompts.write_text("\n".join(work.prompt_list()) + "\n")
+        return SanarlSide(pair, work, model, prompts, scratch / f"out-{pair}")
+    if pair == "grpo":
+        from _peer_flow_grpo import FlowGrpoSide
+
+        return FlowGrpoSide(args.flow_grpo, work, model, scratch)
+    from _peer_diffusion_nft import DiffusionNftSide
+
+    return DiffusionNftSide(args.diffusion_nft, work, model, scratch)
+
+
+def time_pair(sides: list[Side], args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """Warm-up, then interleaved timed iterations; per side, per phase, the list of seconds."""
+    for side in sides:
+        for _ in range(args.warmup):
+            side.iteration()
+    times = {side.name: {phase: [] for phase in PHASES} for side in sides}
+    for i in range(args.repeats):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            for phase, seconds in side.iteration().items():
+                times[side.name][phase].append(seconds)
+    return times
+
+
+def child_argv(args: argparse.Namespace, pair: str, side: str, work: Work, scratch: Path) -> list[str]:
+    argv = ["--child", f"{pair}:{side}", "--work", work.to_json(), "--scratch", str(scratch)]
+    argv += ["--threads", str(args.threads or 1)]
+    for flag, folder in (("--flow-grpo", args.flow_grpo), ("--diffusion-nft", args.diffusion_nft)):
+        if folder is not None:
+            argv += [flag, str(folder)]
+    return argv
+
+
+def report(pair: str, times: dict, memory: dict, patched: list[str], work: Work) -> None:
+    ref = REFERENCE[pair]
+    print(f"\n== pair {pair}: sanarl {'sd35m-' + pair} vs {ref} ==")
+    print(
+        f"work: {work.prompts} prompts x {work.group}, {work.steps} steps, {work.size} px, sample batch "
+        f"{work.batch}, micro-batch {work.micro}, {work.updates} optimizer step(s), LoRA r {work.rank}"
+        + (f", SDE window {work.window}" if pair == "grpo" else "")
+    )
+    for name, phases in times.items():
+        cells = "  ".join(f"{p} {1e3 * _common.median(v):8.1f} ms" for p, v in phases.items())
+        print(f"  {name:<12s} {cells}   (n={len(phases['whole'])})")
+    for name, peak in memory.items():
+        print(f"  {name:<12s} peak memory of an iteration {peak / 2**20:8.1f} MiB")
+    if ref not in times:
+        print(f"  ({ref} not given: sanarl's side only)")
+        return
+    print(
+        f"  {ref} patched: "
+        + ("; ".join(patched) if patched else "nothing (no CUDA-only call in the modules used)")
+    )
+    for phase in PHASES:
+        ratio = _common.median(times["sanarl"][phase]) / max(_common.median(times[ref][phase]), 1e-12)
+        print(f"  [{pair}] ratio sanarl / {ref}, {phase}: {ratio:.3f}")
+    if ref in memory:
+        print(f"  [{pair}] ratio sanarl / {ref}, peak memory: {memory['sanarl'] / max(memory[ref], 1):.3f}")
+
+
+def run_pair(pair: str, args: argparse.Namespace, scratch: Path) -> None:
+    work = work_for(args, pair)
+    names = ["sanarl"] + (
+        [REFERENCE[pair]] if (args.flow_grpo if pair == "grpo" else args.diffusion_nft) else []
+    )
+    sides = [build_side(pair, "sanarl" if n == "sanarl" else "reference", work, args, scratch) for n in names]
+    times = time_pair(sides, args)
+    memory = {}
+    if not args.no_memory:
+        for name in names:
+            side = "sanarl" if name == "sanarl" else "reference"
+            memory[name] = peak_memory(child_argv(args, pair, side, work, scratch))["peak"]
+    report(pair, times, memory, [] if len(sides) == 1 else sides[1].patched, work)
+
+
+def run_child(args: argparse.Namespace) -> int:
+    import json
+
+    pair, side = args.child.split(":")
+    built = build_side(pair, side, Work.from_json(args.work), args, args.scratch)
+    print("MEASURED " + json.dumps(measure_child(built)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    args.samples = args.prompts * args.group
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _common.quiet()
+    if args.child:
+        return run_child(args)
+    pairs = check(args)
+    print(f"env: {_common.environment()}, load average {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="sanarl-bench-refs-") as tmp:
+        for pair in pairs:
+            run_pair(pair, args, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
