@@ -47,11 +47,14 @@ class RedisConfig:
     port: int = 0
     """Port on 127.0.0.1 (0 = a free port chosen at start)."""
     persistence: bool = True
-    """Append-only file on: queued tasks survive a restart of redis-server (the service restarts it if it dies)."""
+    """Append-only file on, in a persistent data folder: queued tasks survive a restart of redis-server (the
+    service restarts it if it dies) and of the service itself."""
     fsync: Fsync = "everysec"
     """appendfsync policy: always (no loss even on a crash of redis-server, slower) | everysec | no."""
     data_dir: str = ""
-    """Directory of the append-only file ("" = a temporary directory removed when the service stops)."""
+    """Folder of the append-only file ("" = `$XDG_STATE_HOME/sanarl/reward-service/redis-<host>-<port>` of the
+    API address, ~/.local/state without the variable; a temporary folder removed at exit when persistence is
+    off). One service at a time uses a folder."""
     executable: str = "redis-server"
     """The redis-server binary (a name on PATH or a path)."""
     password: str = ""
