@@ -125,6 +125,7 @@ def serve(args: argparse.Namespace) -> None:
     from reward_service.app import create_app
     from reward_service.config import mask_url
     from reward_service.embedded_redis import EmbeddedRedis, default_data_dir
+    from reward_service.http_protocol import protocol_class
     from reward_service.rewards_setup import build_rewards
     from reward_service.signing import result_key
     from reward_service.supervisor import Supervisor
@@ -164,6 +165,7 @@ def serve(args: argparse.Namespace) -> None:
             log_level=config.log_level,
             access_log=config.log_level == "debug",
             timeout_keep_alive=30,
+            http=protocol_class(),  # a malformed request head gets a JSON 400 naming it
         )
         server = uvicorn.Server(uvicorn_config)
         supervisor.on_fatal = lambda: setattr(server, "should_exit", True)

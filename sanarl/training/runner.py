@@ -183,6 +183,8 @@ class Runner:
     def run(self) -> RunResult:
         try:
             return self._run()
+        except RewardFailure as err:  # a validation's rewards (a step's are stopped in train_step)
+            raise rewards_failed(self.cfg, self.checkpoints.root, None, err) from err
         finally:
             self.task.close()
 
