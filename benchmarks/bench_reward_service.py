@@ -82,7 +82,9 @@ def measure(url: str, token: str, reward: str, images: torch.Tensor, repeats: in
 
 def report(samples: dict[str, list[float]], images: int, size: int) -> None:
     ms = {key: 1000 * statistics.median(values) for key, values in samples.items()}
-    print(f"reward service hop, {images} images of {size}x{size}, medians of {len(samples['remote'])} requests")
+    print(
+        f"reward service hop, {images} images of {size}x{size}, medians of {len(samples['remote'])} requests"
+    )
     print(f"  in-process ms (p50)     {ms['in-process']:8.2f}")
     print(f"  remote ms (p50)         {ms['remote']:8.2f}")
     print(f"  overhead remote - in-process ms = {ms['remote'] - ms['in-process']:.2f}")
