@@ -54,6 +54,7 @@ def start_service(directory: Path, reward: str, workers: int, token: str) -> tup
     config.write_text(
         f'port = {port}\ntoken = "{token}"\nlog_level = "warning"\n[workers]\ncount = {workers}\ntorch_threads = 1\n'
         f'[limits]\nmax_pending_tasks = 100000\n[[reward_args]]\nreward_type = "{reward}"\n'
+        f'[redis]\ndata_dir = "{directory / f"redis-{workers}"}"\n'  # its queue folder goes with the run
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "reward_service.cli", "--config", str(config)], env=env)

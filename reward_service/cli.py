@@ -1,9 +1,10 @@
 """`sanarl-reward --config rewards` (the shipped reward_service/configs/rewards.toml, or a path): the asynchronous
 reward service.
 
-Starts (in order) the Redis it uses (the external `redis_url`, checked, or an embedded redis-server), the worker
-processes, and the HTTP API under uvicorn; SIGINT / SIGTERM stop all of it. Bad input (config, reward names or
-options, missing redis-server, unreachable Redis) exits with code 2 and a one-paragraph message; `--debug` adds
+Starts (in order) the API's listening socket (a port in use stops it here, before any child process), the Redis
+it uses (the external `redis_url`, checked, or an embedded redis-server), the worker processes, and the HTTP API
+under uvicorn on that socket; SIGINT / SIGTERM stop all of it. Bad input (config, reward names or options, a port
+in use, missing redis-server, unreachable Redis) exits with code 2 and a one-paragraph message; `--debug` adds
 the traceback.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import traceback
 
@@ -78,6 +80,32 @@ def _external_redis(url: str, source: str) -> str:
     return url
 
 
+def bind_api_socket(host: str, port: int, source: str) -> socket.socket:
+    """The API's socket, bound to `host:port` (uvicorn listens on it); ConfigError naming the port when it is in
+    use or the address is not this machine's. Bound before Redis and the workers start, so a second service on a
+    used port stops at once with nothing to clean up."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(
+            f"{source}: `host` = {host!r} is not an address this machine can listen on ({exc}); use 127.0.0.1, "
+            "0.0.0.0 or one of its own addresses."
+        ) from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a just-closed port is usable
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Port {port} is taken (another sanarl-reward, "
+            f"or another program: `ss -ltnp | grep :{port}` shows it); stop that process or choose a free port "
+            f"with `--port` or `port` in {source}."
+        ) from None
+    return sock
+
+
 def _start_embedded(embedded) -> str:
     try:
         embedded.start()
@@ -96,7 +124,8 @@ def serve(args: argparse.Namespace) -> None:
 
     from reward_service.app import create_app
     from reward_service.config import mask_url
-    from reward_service.embedded_redis import EmbeddedRedis
+    from reward_service.embedded_redis import EmbeddedRedis, default_data_dir
+    from reward_service.http_protocol import protocol_class
     from reward_service.rewards_setup import build_rewards
     from reward_service.signing import result_key
     from reward_service.supervisor import Supervisor
@@ -108,7 +137,12 @@ def serve(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s sanarl-reward %(levelname)s %(message)s"
     )
-    embedded = None if config.redis_url else EmbeddedRedis(config.redis)
+    listener = bind_api_socket(config.host, config.port, config.source)
+    embedded = (
+        None
+        if config.redis_url
+        else EmbeddedRedis(config.redis, default_dir=default_data_dir(config.host, config.port))
+    )
     supervisor = None
     try:
         url = (
@@ -131,20 +165,34 @@ def serve(args: argparse.Namespace) -> None:
             log_level=config.log_level,
             access_log=config.log_level == "debug",
             timeout_keep_alive=30,
+            http=protocol_class(),  # a malformed request head gets a JSON 400 naming it
         )
         server = uvicorn.Server(uvicorn_config)
         supervisor.on_fatal = lambda: setattr(server, "should_exit", True)
         if supervisor.fatal is None:
-            server.run()
+            _run_server(server, listener, config)
         if supervisor.fatal is not None:
             raise ConfigError(supervisor.fatal)
     finally:
+        listener.close()
         if supervisor is not None:
             supervisor.stop()
         if embedded is not None:
             embedded.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _run_server(server, listener: socket.socket, config) -> None:
+    """uvicorn on the bound socket; its own start-up failure (it calls sys.exit) becomes a ConfigError, so the
+    caller's cleanup stops the workers and Redis and the service exits with code 2."""
+    try:
+        server.run(sockets=[listener])
+    except SystemExit as exc:
+        raise ConfigError(
+            f"the HTTP server could not start on {config.host}:{config.port} (exit {exc.code}; its log line is "
+            f"above); fix `host` / `port` in {config.source} or free the port."
+        ) from None
 
 
 def _exit_now(code: int) -> None:

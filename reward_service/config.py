@@ -12,6 +12,7 @@ error is a `ConfigError` (exit code 2) naming the key and the file. Loading impo
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import sys
@@ -34,6 +35,11 @@ TOKEN_ENV = "REMOTE_REWARD_TOKEN"
 """Environment variable holding the bearer token when the config's `token` is empty (the trainer reads it too)."""
 MIN_TOKEN_CHARS = 16
 """Shortest bearer token accepted (a guessable token would open the service and its result signatures)."""
+MIN_TOKEN_BITS = 64.0
+"""Least entropy of a bearer token, estimated from its own characters (`token_bits`): 16 identical characters
+carry none, `secrets.token_urlsafe(32)` about 190 bits."""
+MAX_TOML_DEPTH_HINT = 100
+"""Nesting the message of a too-deep TOML file suggests staying under (Python's parser recurses per level)."""
 REWARD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 """Reward names the service accepts (registry names such as `jpeg_compressibility`, `dance_grpo`)."""
 VIDEO_REDUCTIONS = get_args(VideoReduction)
@@ -47,11 +53,14 @@ class RedisConfig:
     port: int = 0
     """Port on 127.0.0.1 (0 = a free port chosen at start)."""
     persistence: bool = True
-    """Append-only file on: queued tasks survive a restart of redis-server (the service restarts it if it dies)."""
+    """Append-only file on, in a persistent data folder: queued tasks survive a restart of redis-server (the
+    service restarts it if it dies) and of the service itself."""
     fsync: Fsync = "everysec"
     """appendfsync policy: always (no loss even on a crash of redis-server, slower) | everysec | no."""
     data_dir: str = ""
-    """Directory of the append-only file ("" = a temporary directory removed when the service stops)."""
+    """Folder of the append-only file ("" = `$XDG_STATE_HOME/sanarl/reward-service/redis-<host>-<port>` of the
+    API address, ~/.local/state without the variable; a temporary folder removed at exit when persistence is
+    off). One service at a time uses a folder."""
     executable: str = "redis-server"
     """The redis-server binary (a name on PATH or a path)."""
     password: str = ""
@@ -221,7 +230,24 @@ class ServiceConfig:
                 f"(it also signs the results). Make one with "
                 '`python -c "import secrets; print(secrets.token_urlsafe(32))"`.'
             )
+        bits = token_bits(token)
+        if bits + 1e-9 < MIN_TOKEN_BITS:
+            where = f"`token` in {self.source}" if self.token else f"{TOKEN_ENV} (the environment)"
+            raise ConfigError(
+                f"{where} is too easy to guess: its {len(token)} characters use {len(set(token))} distinct "
+                f"one(s), about {bits:.0f} bits of entropy where at least {MIN_TOKEN_BITS:.0f} are required (it "
+                "also signs the results). Use a random token, e.g. "
+                '`python -c "import secrets; print(secrets.token_urlsafe(32))"`.'
+            )
         return token
+
+
+def token_bits(token: str) -> float:
+    """Estimated entropy of `token` in bits: its length times the Shannon entropy of its character frequencies
+    (0 for a repeated character; an upper bound for any token made by a person)."""
+    n = len(token)
+    counts = [token.count(c) for c in set(token)]
+    return -n * sum(k / n * math.log2(k / n) for k in counts) if n else 0.0
 
 
 def mask_url(url: str) -> str:
@@ -274,7 +300,13 @@ def load_service_config(path: str | Path) -> ServiceConfig:
 def loads_service_config(text: str, source: str = "<string>") -> ServiceConfig:
     """Parse a rewards.toml given as text (see `load_service_config`)."""
     ctx = Context(where=source)
-    config = ENGINE.build(ENGINE.parse_toml(text, source), ctx)
+    try:
+        config = ENGINE.build(ENGINE.parse_toml(text, source), ctx)
+    except RecursionError:
+        raise ConfigError(
+            f"{source} nests arrays or tables too deeply for the TOML parser (Python's recursion limit); a "
+            f"rewards.toml needs a few levels: flatten it (keep nesting under {MAX_TOML_DEPTH_HINT} levels)."
+        ) from None
     config.source = source
     _check(config)
     return config

@@ -1,10 +1,15 @@
 """The embedded redis-server, started when the config gives no `redis_url` (Cosmos-RL's embedded mode).
 
 It binds 127.0.0.1 only, on `[redis] port` (0 = a free port), requires a password (random unless `[redis]
-password` is set), and dies with the service (a kill -9 included: children.py; the data folder a killed service
-leaves in the temp directory is removed at the next start), with the append-only file on when
-`[redis] persistence = true`, so queued tasks survive a restart of redis-server: the supervisor restarts it with
-the same port and data directory if it dies.
+password` is set), and dies with the service (a kill -9 included: children.py). With `[redis] persistence = true`
+the append-only file lives in a persistent data folder (`[redis] data_dir`, else `default_data_dir`: one per API
+address), so queued tasks survive a restart of redis-server (the supervisor restarts it with the same port and
+folder if it dies) and a restart of the whole service (the next start on the same address replays the file).
+Without persistence the folder is temporary: removed at exit, or at the next start when a kill -9 left it.
+
+A data folder is used by one redis-server at a time: the service holds a lock file in it (flock, shared with its
+redis-server child so that it lasts until that process has written its file and exited, a kill -9 of the service
+included); a second service on the folder waits `LOCK_WAIT_S` for it, then stops with a ConfigError.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ from sanarl.errors import ConfigError
 log = logging.getLogger("reward_service.redis")
 
 READY_TIMEOUT_S = 15.0
+LOCK_WAIT_S = 15.0
+"""How long a start waits for the data folder's previous redis-server (a killed service's, still writing its
+append-only file) to let go of it."""
+STATE_ENV = "XDG_STATE_HOME"
+"""Root of persistent per-user state (the freedesktop convention; default ~/.local/state)."""
 
 
 def free_port() -> int:
@@ -56,6 +66,25 @@ def _lock(path: Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def default_data_dir(host: str, port: int) -> Path:
+    """The persistent data folder of the embedded Redis of a service listening on `host:port` (when `[redis]
+    data_dir` is empty and persistence is on): `$XDG_STATE_HOME/sanarl/reward-service/redis-<host>-<port>`
+    (~/.local/state without the variable). A service restarted on the same address finds its queue there."""
+    root = Path(os.environ.get(STATE_ENV) or Path.home() / ".local" / "state")
+    safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
+    return root / "sanarl" / "reward-service" / f"redis-{safe_host}-{port}"
+
+
+def _wait_for_lock(path: Path, timeout: float) -> int | None:
+    """`_lock(path)`, retried for `timeout` seconds (a previous redis-server may still be writing its file)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = _lock(path)
+        if fd is not None or time.monotonic() >= deadline:
+            return fd
+        time.sleep(0.1)
 
 
 def remove_stale_dirs(root: Path | None = None) -> list[Path]:
@@ -91,16 +120,43 @@ class EmbeddedRedis:
     start). The configuration, password included, reaches redis-server on its stdin (`redis-server -`): nothing
     secret is on a command line or in a file. The process gets SIGTERM if the service dies (children.py)."""
 
-    def __init__(self, config: RedisConfig) -> None:
+    def __init__(self, config: RedisConfig, default_dir: Path | None = None) -> None:
+        """`default_dir`: the persistent data folder used when `[redis] data_dir` is empty and persistence is on
+        (the service passes `default_data_dir` of its API address); None = a temporary folder then too."""
         self.config = config
         self.port = config.port or free_port()
         self.password = config.password or secrets.token_urlsafe(32)
         self.process: subprocess.Popen | None = None
-        self._own_dir = not config.data_dir
+        persistent = config.data_dir or (default_dir if config.persistence else None)
+        self._own_dir = not persistent  # a temporary folder, removed at exit
         if self._own_dir:
             remove_stale_dirs()
-        self.data_dir = Path(config.data_dir or tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
-        self._lock_fd = _lock(self.data_dir / LOCK_NAME) if self._own_dir else None  # held until we exit
+            self.data_dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
+        else:
+            self.data_dir = Path(persistent).expanduser().absolute()
+        self._lock_fd: int | None = None
+
+    def claim_folder(self) -> None:
+        """Create the data folder (mode 0700) and take its lock (held until `stop`); ConfigError when another
+        service's redis-server keeps it past LOCK_WAIT_S."""
+        if self._lock_fd is not None:
+            return
+        try:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.data_dir.chmod(0o700)
+            fd = _wait_for_lock(self.data_dir / LOCK_NAME, 0.0 if self._own_dir else LOCK_WAIT_S)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot use the embedded Redis data folder {self.data_dir} ({exc.strerror or exc}); set "
+                "`[redis] data_dir` to a folder this user can write."
+            ) from None
+        if fd is None:
+            raise ConfigError(
+                f"the embedded Redis data folder {self.data_dir} is in use by another sanarl-reward (its "
+                "redis-server holds the folder's lock): stop that service, or give this one another port or "
+                "`[redis] data_dir`."
+            )
+        self._lock_fd = fd
 
     @property
     def url(self) -> str:
@@ -135,13 +191,17 @@ class EmbeddedRedis:
         return "\n".join(lines) + "\n"
 
     def start(self) -> None:
-        """Start redis-server and wait until it answers PING (RuntimeError with its log otherwise)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Start redis-server and wait until it answers PING (RuntimeError with its log otherwise). The child
+        inherits the folder's lock, so the folder stays locked until it has exited, even after a kill -9 of the
+        service."""
+        self.claim_folder()
+        assert self._lock_fd is not None
         self.process = subprocess.Popen(
             [self.executable(), "-"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,  # its log goes to redis.log (`log_tail`)
             preexec_fn=die_with_parent(),
+            pass_fds=(self._lock_fd,),
         )
         assert self.process.stdin is not None
         with contextlib.suppress(BrokenPipeError):
@@ -175,7 +235,8 @@ class EmbeddedRedis:
         return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
 
     def stop(self, remove: bool = True) -> None:
-        """Stop redis-server (SIGTERM: it writes the append-only file), then remove a temporary data dir."""
+        """Stop redis-server (SIGTERM: it writes the append-only file), then remove a temporary data dir and let
+        go of the folder's lock (`remove`; a persistent folder stays, with the queue)."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -183,9 +244,11 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if remove and self._own_dir:
+        if not remove:
+            return
+        if self._own_dir:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.data_dir)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

@@ -45,6 +45,13 @@ class Interrupted(RunStopped):
         self.exit_code = 128 + signum
 
 
+class RewardsFailed(RunStopped):
+    """The rewards could not score a step (every sample non-finite, a reward or its endpoint failing, the reward
+    service failing a task or unreachable past its retries): the run stops before training on it. Exit code 3."""
+
+    exit_code = 3
+
+
 class Diverged(RunStopped):
     """The loss, the gradients or the weights became non-finite: the run stops before any checkpoint or export
     holds them. Exit code 3."""

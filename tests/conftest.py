@@ -1,4 +1,5 @@
-"""Shared test setup: an isolated model cache (tiny pipelines build once per session) and no Hub access."""
+"""Shared test setup: an isolated model cache (tiny pipelines build once per session), an isolated state folder (the
+reward service's persistent Redis data) and no Hub access."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 def _isolated_cache(tmp_path_factory):
     """Tiny pipelines are built into a per-session cache unless SANARL_CACHE points somewhere already."""
     os.environ.setdefault("SANARL_CACHE", str(tmp_path_factory.mktemp("sanarl-cache")))
+    os.environ["XDG_STATE_HOME"] = str(
+        tmp_path_factory.mktemp("state")
+    )  # services started by tests keep queues here
     os.environ["HF_HUB_OFFLINE"] = "1"
     yield
 

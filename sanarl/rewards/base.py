@@ -103,9 +103,16 @@ def check_batch(
     return list(prompts), [dict(m) for m in metadata]
 
 
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Float pixels in [0, 1] -> uint8 by `round(255 x)`, clamped; same layout and device. The one quantisation
+    of the project: the reward service's client sends these values, and in-process rewards that judge pixels
+    (the shapes judge) see the same ones, so scores agree exactly both ways."""
+    return images.detach().mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+
+
 def to_uint8_hwc(images: torch.Tensor) -> np.ndarray:
     """`[B, 3, H, W]` float in [0, 1] -> numpy uint8 `[B, H, W, 3]` by `round(255 x)` (what PIL encoders take)."""
-    return (images.detach() * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return to_uint8(images).permute(0, 2, 3, 1).cpu().numpy()
 
 
 def _normalise_output(out: Any, keys: Sequence[str], batch: int, reward: str) -> dict[str, torch.Tensor]:

@@ -11,10 +11,16 @@ enqueue`), `REMOTE_REWARD_FETCH_URL` (`.../api/reward/pull`), as Cosmos-RL's tra
 Images `[B, 3, H, W]` in [0, 1] travel as uint8 `round(255 x)` `[B, H, W, 3]` in the Cosmos-RL body (JSON + newline
 + npy written without pickle), with a fresh `request_id` so that a retried enqueue is not scored twice. Video clips
 `[B, 3, T, H, W]` travel as uint8 `[B, 3, T, H, W]` (media_type "video"); each `reward_fn` value then carries the
-run's `video_frame_stride` / `video_frame_reduction`, so the service scores frames as `score_video` does here. Enqueue
-retries connection errors, 429 and 5xx with exponential backoff (`retries` times); pulls ask the server to wait
-for the result (`wait`, a sanarl extension Cosmos-RL's server ignores) and poll until done or the deadline.
-A failed task raises `RemoteRewardError` naming the uuid, the reward and the service's answer.
+run's `video_frame_stride` / `video_frame_reduction`, so the service scores frames as `score_video` does here.
+Pulls ask the server to wait for the result (`wait`, a sanarl extension Cosmos-RL's server ignores) and poll until
+done or the deadline.
+
+Outages: enqueue and pull retry connection errors, 429 and 5xx with exponential backoff (at most `MAX_BACKOFF_S`
+between tries, so a restarted service is seen within seconds) until the failures have lasted `outage_s` and
+numbered more than `retries`. A task the service no longer knows (404 "unknown": a restart that lost its queue, a
+result that expired) is enqueued again from the kept request body with a fresh request id, at most `retries` times
+per task, with a logged notice. A failed task, or one of these limits reached, raises `RemoteRewardError` naming
+the uuid, the reward and the service's answer (the runner then stops the run with exit code 3).
 
 Combination is the in-process one (sanarl.rewards.combine, docs/algorithms.md, "Advantages and reward
 combination"): each entry reads its `score_key` (empty = the key the service reports as the reward's default),
@@ -43,7 +49,7 @@ import torch
 
 from sanarl.core.advantages import RewardSpec, combine_rewards, nan_mask
 from sanarl.errors import ConfigError
-from sanarl.rewards.base import RewardInputError, check_batch, check_images
+from sanarl.rewards.base import RewardInputError, check_batch, check_images, to_uint8
 from sanarl.rewards.combine import RewardFailure, RewardResult
 from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
 from sanarl.rewards.video import frames_as_images
@@ -60,10 +66,41 @@ ENV_TOKEN, ENV_ENQUEUE, ENV_FETCH = (
 )
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 """Enqueue answers worth retrying (the request id makes a retry safe)."""
+MAX_BACKOFF_S = 5.0
+"""Longest wait between two tries of a failing call (a `Retry-After` the service sends may be longer)."""
 
 
 class RemoteRewardError(RewardFailure):
     """The service failed a task or refused a request; the message names the uuid and quotes the answer."""
+
+
+class _UnknownTask(Exception):
+    """A pull answered 404 "unknown": the service lost the task (handled by enqueuing it again)."""
+
+
+class _Outage:
+    """A run of consecutive transient failures (connection errors, 429, 5xx) of one call: how many, since when."""
+
+    def __init__(self, url: str, outage_s: float) -> None:
+        self.url, self.outage_s = url, outage_s
+        self.tries, self.since = 0, 0.0
+
+    def fail(self, answer: _Answer) -> None:
+        """Count a failure; the first of a run logs a notice (a service restarting shows up here)."""
+        if self.tries == 0:
+            self.since = time.monotonic()
+            log.warning(
+                "the reward service at %s is unavailable (%s); retrying for up to %g s",
+                self.url, f"HTTP {answer.status}" if answer.status else answer.text[:200], self.outage_s,
+            )  # fmt: skip
+        self.tries += 1
+
+    def reset(self) -> None:
+        self.tries = 0
+
+    def over(self, retries: int) -> bool:
+        """Whether to give up: more than `retries` failures, lasting `outage_s` seconds or more."""
+        return self.tries > retries and time.monotonic() - self.since >= self.outage_s
 
 
 @dataclass(frozen=True)
@@ -148,22 +185,52 @@ def _request(url: str, data: bytes, headers: dict[str, str], timeout: float, met
 
 
 class RemoteTask:
-    """A request enqueued on the service; `result()` pulls every reward's scores and combines them."""
+    """A request enqueued on the service; `result()` pulls every reward's scores and combines them. The request
+    body is kept until then, to enqueue it again if the service loses the task."""
 
-    def __init__(self, fn: RemoteRewardFunction, uuid: str, batch: int, bad: torch.Tensor) -> None:
-        self.fn, self.uuid, self.batch, self.bad = fn, uuid, batch, bad
+    def __init__(
+        self, fn: RemoteRewardFunction, uuid: str, batch: int, bad: torch.Tensor, body: bytes
+    ) -> None:
+        self.fn, self.uuid, self.batch, self.bad, self.body = fn, uuid, batch, bad, body
         self.started = time.monotonic()
+        self.enqueues = 1
 
     def done(self) -> bool:
         """Whether `result()` has been computed (pulling is lazy; see `result`)."""
         return hasattr(self, "_result")
 
     def result(self) -> RewardResult:
-        """Pull every reward (waiting up to the deadline, counted from the enqueue) and combine."""
+        """Pull every reward (waiting up to the deadline, counted from the latest enqueue) and combine."""
         if not hasattr(self, "_result"):
-            answers = {name: self.fn._pull(self, name) for name in self.fn.names}
+            answers = {name: self._answer(name) for name in self.fn.names}
             self._result = self.fn._combine(self, answers)
+            self.body = b""
         return self._result
+
+    def _answer(self, name: str) -> dict[str, Any]:
+        """`name`'s answer; a task the service lost is enqueued again (`fn.retries` times at most)."""
+        while True:
+            try:
+                return self.fn._pull(self, name)
+            except _UnknownTask as unknown:
+                if self.enqueues > self.fn.retries:
+                    raise RemoteRewardError(
+                        f"reward service task {self.uuid} ({name}) is unknown to the service after "
+                        f"{self.enqueues} enqueues ({unknown}); the service keeps losing its queue: check that its "
+                        "embedded Redis keeps its data folder ([redis] persistence) or that its redis_url is stable."
+                    ) from None
+                self._enqueue_again(name)
+
+    def _enqueue_again(self, name: str) -> None:
+        lost = self.uuid
+        self.uuid = self.fn._enqueue(with_fresh_request_id(self.body))
+        self.started = time.monotonic()
+        self.enqueues += 1
+        log.warning(
+            "reward service task %s (%s) is unknown to the service (restarted without its queue, or the result "
+            "expired); enqueued its images again as %s (try %d of %d)",
+            lost, name, self.uuid, self.enqueues, self.fn.retries + 1,
+        )  # fmt: skip
 
 
 class RemoteRewardFunction:
@@ -173,8 +240,10 @@ class RemoteRewardFunction:
         config: `train.train_policy.remote_reward` (names, weights, score keys, clips, scale).
         enqueue_url / fetch_url / token: default to the REMOTE_REWARD_* environment variables.
         deadline_s: a task not done this many seconds after its enqueue raises RewardTimeout.
-        retries: retries of a failed enqueue (and of consecutive failed pulls) before giving up.
-        backoff_s: first retry delay; doubles each retry (with jitter), capped at 30 s.
+        retries: least retries of a failing enqueue or pull before giving up; also the most times one task is
+            enqueued again when the service lost it.
+        backoff_s: first retry delay; doubles each retry (with jitter), capped at MAX_BACKOFF_S.
+        outage_s: how long transient failures (connection errors, 429, 5xx) are retried before giving up.
         timeout_s: HTTP timeout of one call (a pull's server-side wait is added).
         pull_wait_s: how long one pull asks the server to wait for the result.
         check: ask the service's /health now whether it serves every configured reward.
@@ -192,6 +261,7 @@ class RemoteRewardFunction:
         backoff_s: float = 0.5,
         timeout_s: float = 60.0,
         pull_wait_s: float = 10.0,
+        outage_s: float = 120.0,
         check: bool = True,
     ) -> None:
         if not config.reward_fns:
@@ -208,7 +278,11 @@ class RemoteRewardFunction:
         self.fetch_url = _env(ENV_FETCH, fetch_url)
         self.token = _env(ENV_TOKEN, token)
         self.deadline_s, self.retries, self.backoff_s = float(deadline_s), int(retries), float(backoff_s)
-        self.timeout_s, self.pull_wait_s = float(timeout_s), float(pull_wait_s)
+        self.timeout_s, self.pull_wait_s, self.outage_s = (
+            float(timeout_s),
+            float(pull_wait_s),
+            float(outage_s),
+        )
         self.default_keys: dict[str, str] = {}
         if check:
             self.check_service()
@@ -277,7 +351,7 @@ class RemoteRewardFunction:
         return answer.body
 
     def _sleep(self, attempt: int, hint: float | None) -> None:
-        delay = min(self.backoff_s * 2**attempt, 30.0) * (0.5 + random.random())
+        delay = min(self.backoff_s * 2 ** min(attempt, 16), MAX_BACKOFF_S) * (0.5 + random.random())
         time.sleep(max(delay, hint or 0.0))
 
     def submit(
@@ -310,7 +384,8 @@ class RemoteRewardFunction:
             "metadata": meta,
             "request_id": str(uuidlib.uuid4()),
         }
-        return RemoteTask(self, self._enqueue(encode_request(header, images)), len(prompt_list), bad)
+        body = encode_request(header, images)
+        return RemoteTask(self, self._enqueue(body), len(prompt_list), bad, body)
 
     def _reward_fn(self, video: bool) -> dict[str, Any]:
         """`reward_fn` of a request: `{name: weight}` (Cosmos-RL's form); for clips each value is an object with
@@ -326,7 +401,8 @@ class RemoteRewardFunction:
 
     def _enqueue(self, body: bytes) -> str:
         headers = self._headers("application/octet-stream")
-        for attempt in range(self.retries + 1):
+        outage = _Outage(self.enqueue_url, self.outage_s)
+        while True:
             answer = _request(self.enqueue_url, body, headers, self.timeout_s)
             if answer.status == 200 and isinstance(answer.body.get("uuid"), str):
                 return answer.body["uuid"]
@@ -340,17 +416,20 @@ class RemoteRewardFunction:
                     f"the reward service refused the request ({answer.status} from {self.enqueue_url}): "
                     f"{answer.body.get('error', answer.text[:500])}"
                 )
-            if attempt < self.retries:
-                self._sleep(attempt, answer.retry_after)
-        raise RemoteRewardError(
-            f"enqueue failed {self.retries + 1} times ({self.enqueue_url}); last answer: "
-            f"{answer.status or ''} {answer.body.get('error', answer.text[:500])}. Is the service up (GET /health)?"
-        )
+            outage.fail(answer)
+            if outage.over(self.retries):
+                raise RemoteRewardError(
+                    f"enqueue failed {outage.tries} times over {time.monotonic() - outage.since:.0f} s "
+                    f"({self.enqueue_url}); last answer: {answer.status or ''} "
+                    f"{answer.body.get('error', answer.text[:500])}. Is the service up (GET /health)?"
+                )
+            self._sleep(outage.tries - 1, answer.retry_after)
 
     def _pull(self, task: RemoteTask, name: str) -> dict[str, Any]:
-        """Poll `name` of `task` until done (200), failed (500), unknown (404) or past the deadline."""
+        """Poll `name` of `task` until done (200), failed (500), unknown (404: `_UnknownTask`) or past the
+        deadline; transient failures are retried as `_enqueue` does."""
         headers = self._headers("application/x-www-form-urlencoded")
-        errors, last = 0, None
+        outage, last = _Outage(self.fetch_url, self.outage_s), None
         while True:
             left = task.started + self.deadline_s - time.monotonic()
             if left <= 0:
@@ -362,24 +441,28 @@ class RemoteRewardFunction:
             form = urllib.parse.urlencode({"uuid": task.uuid, "type": name, "wait": f"{wait:.3f}"}).encode()
             answer = _request(self.fetch_url, form, headers, self.timeout_s + wait)
             last = f"{answer.status} {answer.body.get('status') or answer.text[:200]}"
+            status = answer.body.get("status")
             if answer.status == 200:
                 return answer.body
-            if answer.status in (404, 500) and answer.body.get("status") in ("unknown", "failed"):
+            if answer.status == 404 and status == "unknown":
+                raise _UnknownTask(last)
+            if answer.status == 500 and status == "failed":
                 raise RemoteRewardError(
-                    f"reward service task {task.uuid} ({name}) {answer.body['status']}: {answer.body.get('error')}"
+                    f"reward service task {task.uuid} ({name}) failed: {answer.body.get('error')}"
                 )
-            if answer.status == 400 and answer.body.get("status") == "pending":
-                errors = 0
+            if answer.status == 400 and status == "pending":
+                outage.reset()
                 continue
             if answer.status == 401:
                 raise ConfigError(f"the reward service refused the token on pull; set {ENV_TOKEN} correctly.")
-            errors += 1
-            if errors > self.retries:
+            outage.fail(answer)
+            if outage.over(self.retries):
                 raise RemoteRewardError(
-                    f"pulling reward service task {task.uuid} ({name}) failed {errors} times in a row; last answer: "
-                    f"{answer.status or ''} {answer.body.get('error', answer.text[:300])}"
+                    f"pulling reward service task {task.uuid} ({name}) failed {outage.tries} times over "
+                    f"{time.monotonic() - outage.since:.0f} s; last answer: {answer.status or ''} "
+                    f"{answer.body.get('error', answer.text[:300])}"
                 )
-            self._sleep(errors - 1, answer.retry_after)
+            self._sleep(outage.tries - 1, answer.retry_after)
 
     def _combine(self, task: RemoteTask, answers: dict[str, dict[str, Any]]) -> RewardResult:
         """The in-process combination over the pulled scores (see the module doc)."""
@@ -429,7 +512,7 @@ def to_uint8_payload(images: torch.Tensor) -> np.ndarray:
     The same values as `sanarl.rewards.base.to_uint8_hwc`, but the layout change happens on the uint8 tensor in
     torch (numpy's strided copy of a permuted array costs ~10x more)."""
     view = images.detach().permute(0, 2, 3, 1) if images.ndim == 4 else images.detach()
-    return view.mul(255.0).round_().clamp_(0, 255).to(torch.uint8).contiguous().cpu().numpy()
+    return to_uint8(view).contiguous().cpu().numpy()
 
 
 def encode_request(header: Mapping[str, Any], images: torch.Tensor) -> bytes:
@@ -446,6 +529,15 @@ def encode_request(header: Mapping[str, Any], images: torch.Tensor) -> bytes:
     npy_header = io.BytesIO()
     np.lib.format.write_array_header_1_0(npy_header, np.lib.format.header_data_from_array_1_0(array))
     return b"".join((text, b"\n", npy_header.getvalue(), memoryview(array).cast("B")))
+
+
+def with_fresh_request_id(body: bytes) -> bytes:
+    """An enqueue body with a new `request_id` in its JSON header (the first line), pixels unchanged: the service
+    scores it as a new request even where it still remembers the old id."""
+    text, sep, rest = body.partition(b"\n")
+    header = json.loads(text)
+    header["request_id"] = str(uuidlib.uuid4())
+    return json.dumps(header, separators=(",", ":"), allow_nan=False).encode() + sep + rest
 
 
 def _scores(task: RemoteTask, name: str, answer: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -36,6 +36,7 @@ from rich.table import Column
 from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
 from sanarl.errors import Interrupted, UserError
+from sanarl.rewards.combine import RewardFailure
 from sanarl.rewards.scoring import build_rewards
 from sanarl.training.checkpoint import resolve_resume, umask_modes
 from sanarl.training.checkpointer import Checkpointer
@@ -44,6 +45,7 @@ from sanarl.training.distributed import full_parameters, is_fsdp, rank0_minutes_
 from sanarl.training.faults import pause_point
 from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.resume import ResumePlan
+from sanarl.training.reward_stop import rewards_failed
 from sanarl.training.run_components import build_components
 from sanarl.training.stopping import StopRequests
 from sanarl.training.tracking import MetricsLogger, plot_run_metrics
@@ -120,7 +122,10 @@ class Runner:
         """One optimizer step on this rank; returns its metrics reduced over all ranks."""
         rng = step_generator(self.cfg.train.seed, step, self.acc.process_index)
         t0 = time.perf_counter()
-        micro = self.task.micro_batches(step, rng)
+        try:
+            micro = self.task.micro_batches(step, rng)  # the rollout and its rewards, for RL tasks
+        except RewardFailure as err:
+            raise rewards_failed(self.cfg, self.checkpoints.root, step + 1, err) from err
         t1 = time.perf_counter()
         sums: dict[str, float] = dict(self.task.collect_metrics())
         for i, batch in enumerate(micro):
@@ -176,6 +181,8 @@ class Runner:
     def run(self) -> RunResult:
         try:
             return self._run()
+        except RewardFailure as err:  # a validation's rewards (a step's are stopped in train_step)
+            raise rewards_failed(self.cfg, self.checkpoints.root, None, err) from err
         finally:
             self.task.close()
 

@@ -122,6 +122,19 @@ BENCHES = [
         ),
     ),
     Bench(
+        "bench_reward_service.py",
+        ("--images", "4", "--size", "32", "--repeats", "3"),
+        (
+            "in-process ms (p50)",
+            "remote ms (p50)",
+            "overhead remote - in-process ms =",
+            "ratio remote / in-process =",
+            "enqueue",
+            "worker scoring",
+            "ping (HTTP floor)",
+        ),
+    ),
+    Bench(
         "bench_runner_overhead.py",
         ("--repeats", "1"),
         ("runner split: time_data", "ratio runner / bare =", "ratio runner time_train / bare ="),

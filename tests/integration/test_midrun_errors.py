@@ -27,8 +27,27 @@ CASES = {
     "reward_past_its_deadline": (
         [_rewards("hangs"), "rollout.reward_deadline_s=0.3"],
         {},
-        1,
-        "ran longer than the deadline of 0.3 s",
+        3,
+        "the rewards failed at step 1: reward scoring call #0 (hangs) ran longer than the deadline of 0.3 s",
+    ),
+    # every sample of step 3 non-finite: exit 3 naming the step and the checkpoint to continue from
+    "every_sample_non_finite": (
+        [_rewards("nan_from_call"), "train.max_num_steps=4", "train.ckpt.save_freq=1"],
+        {"REFUSING_PLUGIN_NAN_FROM": "5"},  # 2 prompt groups (calls) a step: steps 1 and 2 score
+        3,
+        "the rewards failed at step 3: every one of the 8 samples got a non-finite reward",
+        "the last checkpoint is step 2",
+    ),
+    # an OpenAI-compatible judge endpoint that does not answer (port 9: nothing listens)
+    "judge_endpoint_unreachable": (
+        [
+            'train.train_policy.remote_reward.reward_fns=[{name="unified_reward", '
+            'options={endpoint_url="http://127.0.0.1:9/v1", timeout_s=5.0}}]'
+        ],
+        {},
+        3,
+        "the endpoint http://127.0.0.1:9/v1/chat/completions did not answer",
+        "no checkpoint was written yet",
     ),
     "bad_data_met_mid_run": (
         [_rewards("jpeg_compressibility"), "train.max_num_steps=3"],
@@ -37,11 +56,15 @@ CASES = {
         "item 2 of the test data is corrupt",
     ),
 }
+QUIET = ("validation.enable=false", "validation.val_before_train=false", "logging.multi_modal_log_interval=0")
+"""The reward cases score only the steps' rollouts."""
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_mid_run_error_exits_with_its_code_and_message(case, tmp_path):
-    overrides, extra_env, code, message = CASES[case]
+    overrides, extra_env, code, *messages = CASES[case]
+    if "rewards failed" in messages[0]:
+        overrides = [*overrides, *QUIET]
     small = [
         "train.train_batch_per_replica=16",
         "train.train_policy.mini_batch=16",
@@ -59,4 +82,5 @@ def test_a_mid_run_error_exits_with_its_code_and_message(case, tmp_path):
     )
     stderr = " ".join(done.stderr.split())
     assert done.returncode == code, done.stderr[-3000:]
-    assert message in stderr and "terminate called" not in stderr
+    assert all(m in stderr for m in messages), stderr[-3000:]
+    assert "terminate called" not in stderr and "Traceback" not in stderr

@@ -257,6 +257,28 @@ def raw_request(port: int, head: bytes, payload: bytes = b"", close_early: bool 
         return sock.recv(4096).split(b"\r\n", 1)[0]
 
 
+@pytest.mark.parametrize("value", [b"abc", b"-1", b"10, 10", b"", b"99999999999999999999999"])
+def test_a_malformed_content_length_gets_a_400_naming_the_header(svc, value):
+    """The HTTP parser refuses such a head before the app sees it; the service's protocol still answers JSON
+    naming Content-Length and the fix (not uvicorn's generic "Invalid HTTP request received."), then serves on."""
+    head = (
+        b"POST /api/reward/enqueue HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\r\nContent-Length: " + value + b"\r\n\r\n"
+    )  # fmt: skip
+    answer = b""
+    with socket.create_connection(("127.0.0.1", svc.a.port), timeout=10) as sock:
+        sock.sendall(head + b"{}")
+        while chunk := sock.recv(4096):  # the server closes after its answer
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    headers, _, payload = rest.partition(b"\r\n\r\n")
+    assert status_line == b"HTTP/1.1 400 Bad Request" and b"content-type: application/json" in headers
+    error = json.loads(payload)
+    assert error["status"] == "error" and "Content-Length" in error["error"], error
+    assert "decimal byte count" in error["error"] and "nothing was read or queued" in error["error"]
+    assert svc.a.health()[0] == 200
+
+
 def test_bad_input_gets_the_right_4xx_and_the_service_keeps_serving(svc):
     good = body(images(2, 8), {"jpeg_compressibility": 1.0})
     header, npy_bytes = good.split(b"\n", 1)

@@ -217,16 +217,21 @@ def listening_port(pid: int) -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux-only")
 def test_kill_9_of_the_service_leaves_no_redis_server_and_its_folder_goes_at_the_next_start(tmp_path):
     """The embedded redis-server requires a (random) password and dies with the service: after kill -9 of the
-    API process its redis-server and workers are gone within seconds; the data folder it could not remove is
-    removed when the next service starts."""
+    API process its redis-server and workers are gone within seconds; without persistence its data folder is
+    temporary, and the one a killed service could not remove is removed when the next service starts."""
     require_redis()
     temp = tmp_path / "tmp"
     temp.mkdir()
     port = free_port()
+    first = tmp_path / "first.toml"
+    first.write_text(
+        f"port = {port}\n[redis]\npersistence = false\n[workers]\ncount = 2\n"
+        '[[reward_args]]\nreward_type = "jpeg_compressibility"\n'
+    )
     log = tmp_path / "service.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            sanarl_reward() + ["--config", "rewards", "--port", str(port)],
+            sanarl_reward() + ["--config", str(first)],
             cwd=tmp_path, env=environment(TMPDIR=str(temp)), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -251,7 +256,10 @@ def test_kill_9_of_the_service_leaves_no_redis_server_and_its_folder_goes_at_the
     finally:
         stop(process)
     config, next_port = tmp_path / "next.toml", free_port()
-    config.write_text(f'port = {next_port}\n[workers]\ncount = 0\n[[reward_args]]\nreward_type = "shapes"\n')
+    config.write_text(
+        f"port = {next_port}\n[redis]\npersistence = false\n[workers]\ncount = 0\n"
+        '[[reward_args]]\nreward_type = "shapes"\n'
+    )
     log2 = tmp_path / "next.log"
     with log2.open("wb") as out:
         second = subprocess.Popen(

@@ -19,7 +19,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 from service_helpers import require_redis
 
 from reward_service.cli import main as cli_main
-from reward_service.config import loads_service_config, mask_url
+from reward_service.config import loads_service_config, mask_url, token_bits
 from reward_service.embedded_redis import DIR_PREFIX, LOCK_NAME, _lock, remove_stale_dirs
 from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
 from reward_service.scoring import Task, score_tasks
@@ -577,6 +577,53 @@ def test_a_short_token_exits_2_with_the_rule(tmp_path, capsys, monkeypatch, line
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert fragment in err and "at least 16 characters" in err and "secrets.token_urlsafe" in err
+
+
+@pytest.mark.parametrize(
+    ("line", "env", "fragment"),
+    [
+        ('token = "' + "a" * 16 + '"\n', None, "`token` in "),
+        ("", "x" * 40, "REMOTE_REWARD_TOKEN (the environment) is too easy to guess"),
+        ("", "ab" * 12, "use 2 distinct one(s), about 24 bits"),
+    ],
+)
+def test_a_token_without_entropy_exits_2_with_how_to_make_one(
+    tmp_path, capsys, monkeypatch, line, env, fragment
+):
+    """Length alone is no safeguard: 16 identical characters (or 40, or a repeated pair) carry no secret. The
+    service refuses the token at start (exit 2), names where it came from and how to make a random one."""
+    monkeypatch.delenv("REMOTE_REWARD_TOKEN", raising=False)
+    if env is not None:
+        monkeypatch.setenv("REMOTE_REWARD_TOKEN", env)
+    path = tmp_path / "rewards.toml"
+    path.write_text(line + '[[reward_args]]\nreward_type = "jpeg_compressibility"\n')
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--config", str(path)])
+    assert info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert fragment in err and "too easy to guess" in err and "at least 64 are required" in err
+    assert "secrets.token_urlsafe(32)" in err and "Traceback" not in err
+
+
+def test_token_bits_estimates_entropy_from_the_characters():
+    assert token_bits("a" * 16) == 0.0 and token_bits("") == 0.0
+    assert token_bits("ab" * 8) == pytest.approx(16.0)  # one bit a character
+    assert token_bits("0123456789abcdef") == pytest.approx(64.0)  # 16 distinct: four bits each
+    assert token_bits(TOKEN) > 64  # the tests' token passes
+
+
+@pytest.mark.parametrize(
+    "nested", ["x = " + "[" * 1200 + "]" * 1200, "x = " + "{a=" * 3000 + "1" + "}" * 3000]
+)
+def test_a_toml_nested_thousands_deep_exits_2_not_a_recursion_error(tmp_path, capsys, monkeypatch, nested):
+    monkeypatch.setenv("REMOTE_REWARD_TOKEN", TOKEN)
+    path = tmp_path / "deep.toml"
+    path.write_text(nested + "\n")
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--config", str(path)])
+    assert info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{path} nests arrays or tables too deeply" in err and "RecursionError" not in err
 
 
 def test_mask_url_hides_passwords():

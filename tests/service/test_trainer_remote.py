@@ -18,6 +18,7 @@ import torch
 from service_helpers import PLUGIN, TOKEN, Service, body, free_port, images, require_redis
 
 from sanarl import api
+from sanarl.config.presets import resolve_preset_path
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
 from sanarl.methods.loading import load_config
@@ -161,6 +162,33 @@ def test_remote_nft_run_logs_the_in_process_rewards(service, tmp_path, monkeypat
         for key in SHARED_KEYS + JUDGE_KEYS:
             assert record[key] == pytest.approx(merged[key], abs=1e-6, rel=0), (record["step"], key)
         assert record["reward/std"] > 0 and record["reward/dropped"] == 0
+
+
+TIMING = ("time", "samples_per_s", "reward/time/")
+"""Metrics that measure time (they differ between any two runs)."""
+
+
+def test_a_whole_nft_step_logs_the_same_metrics_scored_in_process_or_remote(service, tmp_path, monkeypatch):
+    """Issue 42: the shipped tiny-shapes-nft (batch 64), same seed, only `use_remote_reward` changed. Step 2's
+    reward/mean was 0.741146 in-process and 0.730729 remote: the shapes judge saw float pixels in-process and
+    their uint8 `round(255 x)` through the service, and one sample in 64 sat on the judge's threshold. Now both
+    judge the same uint8 values: every logged metric of both steps (rewards, advantages, loss, grad norm) is
+    equal, timings aside."""
+    remote_env(monkeypatch, service)
+    logged = {}
+    for remote in ("false", "true"):
+        out = tmp_path / f"remote-{remote}"
+        settings = [f"train.output_dir={out}", "train.max_num_steps=2", "train.ckpt.enable_checkpoint=false",
+                    "train.ckpt.export_safetensors=false", "validation.enable=false",
+                    "validation.val_before_train=false", "logging.multi_modal_log_interval=0",
+                    f"train.train_policy.use_remote_reward={remote}"]  # fmt: skip
+        api.train(load_config(resolve_preset_path("tiny-shapes-nft"), settings), SHAPES)
+        logged[remote] = [
+            {k: v for k, v in record.items() if not k.startswith(TIMING)}
+            for record in read_metrics(out / "metrics.jsonl")
+        ]
+    assert [r["step"] for r in logged["true"]] == [1, 2]
+    assert logged["true"] == logged["false"]
 
 
 def test_run_stops_at_start_when_the_service_lacks_a_reward(service, tmp_path, monkeypatch):

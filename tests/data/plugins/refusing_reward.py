@@ -3,6 +3,8 @@
 - reward `refuses_first` refuses its first scoring call (RewardInputError) while the next call keeps the reward
   worker busy in native torch code: the situation that aborted the process at exit (exit 134);
 - reward `hangs` keeps every call busy past a short `rollout.reward_deadline_s` (RewardTimeout);
+- reward `nan_from_call` scores each image's mean pixel, and NaN for every image from call
+  `$REFUSING_PLUGIN_NAN_FROM` on (1-based; never without it): a model whose every sample is non-finite;
 - `$REFUSING_PLUGIN_BAD_ITEM=N`: the shapes items from index N on are "corrupt" (DataError when read).
 """
 
@@ -55,6 +57,21 @@ class Hangs(Reward):
     def _score(self, images, prompts, metadata):
         _busy(BUSY_SECONDS)
         return {"score": torch.zeros(len(images))}
+
+
+@register("nan_from_call")
+class NanFromCall(Reward):
+    name = "nan_from_call"
+    keys = ("score",)
+    default_key = "score"
+    calls = 0
+
+    def _score(self, images, prompts, metadata):
+        NanFromCall.calls += 1
+        start = int(os.environ.get("REFUSING_PLUGIN_NAN_FROM", "0"))
+        if start and NanFromCall.calls >= start:
+            return {"score": torch.full((len(images),), float("nan"))}
+        return {"score": images.float().mean(dim=(1, 2, 3))}
 
 
 class CorruptFrom(Dataset):
