@@ -174,3 +174,14 @@ def awm_velocity_kl(
         std = torch.sqrt(s_b / (1 - s_b.clamp(0, 0.99))) * noise_level
         sq = sq / (2 * std**2)
     return sq.mean()
+
+
+def awm_kl_ema_decay(step: int, decay: float, kind: str = "linear") -> float:
+    """Decay of the EMA copy that the ``ema_beta`` KL pulls towards, updated once per rollout epoch as
+    ``ema = d ema + (1 - d) theta``: ``d = decay`` (constant) or ``d = min(decay, 0.001 step)`` (linear, the
+    published choice with decay 0.3, so the first update copies the policy)."""
+    if kind not in ("linear", "constant"):
+        raise ValueError(f"unknown kl_ema_decay_type {kind!r}: use linear or constant.")
+    if not 0 <= decay < 1 or step < 0:
+        raise ValueError(f"kl_ema_decay must be in [0, 1) and step >= 0, got {decay} and {step}.")
+    return decay if kind == "constant" else min(decay, 0.001 * step)

@@ -11,6 +11,7 @@ import torch
 
 from sanarl.core.awm_loss import (
     awm_advantages,
+    awm_kl_ema_decay,
     awm_log_prob,
     awm_policy_loss,
     awm_train_step_indices,
@@ -254,3 +255,13 @@ def test_log_two_pi_free():
     assert float(awm_log_prob(v, x0, eps, 0.5, weighting="huber")) == pytest.approx(
         -(math.sqrt(1 + 1e-10) - 1e-5) * 0.5
     )
+
+
+def test_kl_ema_decay_follows_the_reference_schedule():
+    for step in (0, 1, 150, 299, 300, 301, 5000):
+        assert awm_kl_ema_decay(step, 0.3) == min(0.3, 0.001 * step)
+        assert awm_kl_ema_decay(step, 0.3, "constant") == 0.3
+    # one update of the reference's loop: tgt = tgt d + src (1 - d)
+    ema, theta, d = torch.tensor([1.0, -2.0]), torch.tensor([3.0, 0.5]), awm_kl_ema_decay(200, 0.3)
+    assert d == pytest.approx(0.2) and torch.allclose(ema * d + theta * (1 - d), torch.tensor([2.6, 0.0]))
+    assert awm_kl_ema_decay(0, 0.3) == 0.0  # the first update copies the policy
