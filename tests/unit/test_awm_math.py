@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.awm_loss import (
     awm_advantages,
     awm_kl_ema_decay,
@@ -265,3 +267,18 @@ def test_kl_ema_decay_follows_the_reference_schedule():
     ema, theta, d = torch.tensor([1.0, -2.0]), torch.tensor([3.0, 0.5]), awm_kl_ema_decay(200, 0.3)
     assert d == pytest.approx(0.2) and torch.allclose(ema * d + theta * (1 - d), torch.tensor([2.6, 0.0]))
     assert awm_kl_ema_decay(0, 0.3) == 0.0  # the first update copies the policy
+
+
+def test_awm_advantages_are_the_per_prompt_tracker_with_global_std():
+    # flow_grpo/stat_tracking.py PerPromptStatTracker(global_std=True).update, written out with numpy
+    prompts = ["a", "b", "a", "c", "b", "a", "c", "c"]
+    rewards = np.array([0.1, 0.9, 0.4, 0.3, 0.2, 0.8, 0.3, 0.5], dtype=np.float64)
+    arr = np.array(prompts)
+    want = np.empty_like(rewards) * 0.0
+    for prompt in np.unique(arr):
+        group = rewards[arr == prompt]
+        want[arr == prompt] = (group - np.mean(group, axis=0, keepdims=True)) / (
+            np.std(rewards, axis=0, keepdims=True) + 1e-4
+        )
+    got = PerPromptStatTracker(global_std=True).compute(prompts, torch.tensor(rewards))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)

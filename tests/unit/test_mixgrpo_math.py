@@ -311,3 +311,15 @@ def test_advantage_aggregation_matches_the_reference():
 
 def test_equal_rewards_give_zero_advantages():
     assert group_advantages(torch.full((6,), 0.3), 3).tolist() == [0.0] * 6
+
+
+def test_a_tail_that_would_hold_one_level_still_reaches_zero():
+    # N = 25, window ending at b = 23, r = 0.4: int(max(3 * 0.4, 1)) = 1, so the reference's tail is the single
+    # level s_23 and its rollout stops there; sanarl's tail keeps 2 levels
+    # (docs/algorithms.md, "Deliberate differences")
+    base = _ref_base_grid(25, 3.0)
+    want_ref = _ref_post_grid(base, 22, 0.4, 3.0)
+    assert want_ref.shape[0] == 24 and float(want_ref[-1]) > 0.2
+    got = mixgrpo_grid(base, num_steps=25, shift=3.0, window_end=23, compress_ratio=0.4)
+    assert got.shape[0] == 25 and float(got[-1]) == 0.0
+    assert torch.equal(got[:24], want_ref)
