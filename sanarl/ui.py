@@ -6,6 +6,7 @@ report errors the same way as sanarl/cli.py without importing it.
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -21,23 +22,34 @@ out = Console()
 """Results a user may pipe (stdout)."""
 
 
+def launched_rank() -> int:
+    """This process's global rank under `accelerate launch` / torchrun (their `RANK`), 0 when run alone."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def guarded(debug: bool, fn: Callable[..., Any], *args: Any) -> None:
     """Run fn; bad input -> message + exit 2, a run stopped on purpose (signal, divergence) -> message + its exit
-    code, other failures -> traceback + exit 1."""
+    code, other failures -> traceback + exit 1. Under a multi-process launch every rank meets the same bad input
+    and stops with the same code; only rank 0 prints the message (`--debug` tracebacks come from every rank)."""
+    speaks = launched_rank() == 0
     try:
         fn(*args)
     except UserError as err:
         if debug:
             traceback.print_exc()
-        console.print(
-            f"[bold red]error:[/] {escape(str(err))}", highlight=False
-        )  # brackets are text, not markup
+        if speaks:  # brackets are text, not markup
+            console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
         raise SystemExit(err.exit_code) from None
     except RunStopped as err:
         if debug:
             traceback.print_exc()
-        console.print(f"[bold yellow]stopped:[/] {escape(str(err))}", highlight=False)
+        if speaks:
+            console.print(f"[bold yellow]stopped:[/] {escape(str(err))}", highlight=False)
         raise SystemExit(err.exit_code) from None
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
+        if speaks:
+            console.print("[yellow]interrupted[/]: resume with `--set train.resume=true`.")
         raise SystemExit(130) from None

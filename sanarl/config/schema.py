@@ -320,7 +320,8 @@ class LoggingConfig:
     experiment_name: str = ""
     """Tracker run name ("" = the output directory's name)."""
     log_freq: Annotated[int, AtLeast(1)] = 1
-    """The console's progress bar refreshes every N steps (metrics.jsonl, tensorboard and wandb get every step)."""
+    """The console reports progress every N steps: step, loss, reward, step time, ETA (a bar on a terminal, a plain
+    line when stdout is a file); metrics.jsonl, tensorboard and wandb get every step."""
     multi_modal_log_interval: int = 10
     """RL: save a rollout grid (prompt and reward under each image) every N steps (0 = never)."""
 
