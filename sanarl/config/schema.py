@@ -295,6 +295,15 @@ class ValidationConfig:
     """Generate validation samples (and the held-out rewards) every `freq` steps."""
     freq: Annotated[int, AtLeast(1)] = 100
     """Validate every N optimizer steps (and at the end)."""
+    early_steps: Annotated[
+        list[int],
+        Holds(
+            lambda steps: all(step >= 1 for step in steps),
+            "steps >= 1",
+            "`{key}` = {value!r} must list optimizer steps >= 1, e.g. [50, 100].",
+        ),
+    ] = field(default_factory=list)
+    """Also validate after these steps: early grids before the first `freq` (e.g. [50, 100])."""
     val_before_train: bool = False
     """Also validate once before the first step (the base model's samples)."""
     batch_size: Annotated[int, AtLeast(1)] = 8

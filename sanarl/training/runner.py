@@ -192,11 +192,14 @@ class Runner:
         finally:
             logger.close()
 
-    def _stop_on_signal(self, done: int, signum: int) -> None:
-        """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then `Interrupted`."""
+    def _stop_on_signal(self, done: int, signum: int, logger: MetricsLogger) -> None:
+        """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then (validation on) the grid of the
+        weights it holds, then `Interrupted`."""
         import signal
 
         self.checkpoints.save(done)
+        if self.cfg.validation.enable:
+            self.validation.sample(done, logger)
         name = signal.Signals(signum).name
         where = (
             self.checkpoints.root
@@ -255,7 +258,7 @@ class Runner:
                 pause_point(f"step_{done}")
                 signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
                 if signum:
-                    self._stop_on_signal(done, signum)
+                    self._stop_on_signal(done, signum, logger)
                 for component in self.components:
                     component.on_step(done, metrics)
                 if rank0_minutes_passed(self.acc, started, self.cfg.train.max_wall_minutes):
