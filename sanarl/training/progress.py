@@ -1,7 +1,7 @@
 """Progress of a run's steps on the console (rank 0), every `logging.log_freq` steps.
 
-On a terminal: a rich bar (steps done, step time, ETA, the step's loss / reward) redrawn only when it changes, at
-each report. Anywhere else (a file, nohup, Slurm, a pipe) a bar would show nothing until the end, so each report
+On a terminal: a rich bar (steps done, then step time, ETA and the step's loss / reward) redrawn only at each
+report. Anywhere else (a file, nohup, Slurm, a pipe) a bar would show nothing until the end, so each report
 is one plain line instead: `step 10/1500  loss=0.1  ...  1.23 s/step  eta 0:30:12`.
 
 The step time is the mean over the steps since the previous report (validations and checkpoints included, as a
@@ -46,11 +46,10 @@ class StepProgress:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[timing]}"),
                 TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),  # wraps, never cut
             )
             self.bar = Progress(*columns, console=console, auto_refresh=False)
-            self.job = self.bar.add_task("train", total=total, completed=start, timing="eta -:--:--", info="")
+            self.job = self.bar.add_task("train", total=total, completed=start, info="")
 
     def __enter__(self) -> StepProgress:
         if self.bar is not None:
@@ -77,7 +76,10 @@ class StepProgress:
             return
         timing = self.timing(done, total)
         if self.bar is not None:
-            self.bar.update(self.job, completed=done, total=total, timing=timing, info=short_metrics(metrics))
+            info = (
+                f"{timing}  {short_metrics(metrics)}"  # one column: a narrow terminal wraps it at the spaces
+            )
+            self.bar.update(self.job, completed=done, total=total, info=info)
             self.bar.refresh()
             return
         line = f"step {done}/{total}  {short_metrics(metrics)}  {timing}"
