@@ -76,6 +76,8 @@ def run_typer(app: Callable[..., Any], args: list[str]) -> None:
         context = getattr(err, "ctx", None)
         where = context.command_path if context is not None else "sanarl"
         message = " ".join(err.format_message().split())
+        if not message:  # `sanarl bench` alone: Typer has printed the group's help
+            raise SystemExit(getattr(err, "exit_code", 2)) from None
         console.print(
             f"[bold red]error:[/] {escape(message)} (`{where} --help`)", highlight=False, soft_wrap=True
         )

@@ -101,3 +101,9 @@ def test_docs_plugins_md_a_module_in_the_current_directory_needs_a_path_or_pytho
     assert dotted.returncode == 2 and "pass it as `./my_data.py`" in " ".join(dotted.stderr.split())
     assert validate("./my_data.py").returncode == 0
     assert validate("my_data", PYTHONPATH=os.pathsep.join([".", root])).returncode == 0
+
+
+def test_a_command_group_alone_prints_its_help_and_no_error_line(tmp_path):
+    done = sanarl(tmp_path, "bench")
+    assert "Usage: sanarl bench" in done.stdout and "shapes" in done.stdout
+    assert "error:" not in done.stderr and done.returncode == 2  # click's code for a group given no command
