@@ -11,6 +11,7 @@ the traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -117,9 +118,29 @@ def _start_embedded(embedded) -> str:
     return embedded.url
 
 
+SERVICE_MODULES = ("uvicorn", "fastapi", "redis")
+"""What the service imports from the `service` extra (sanarl itself installs without them)."""
+
+
+def require_service_extra() -> None:
+    """ConfigError naming `pip install "sanarl[service]"` when a module of the `service` extra is missing."""
+    missing = []
+    for name in SERVICE_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            missing.append(name)
+    if missing:
+        raise ConfigError(
+            f"the reward service needs the `service` extra ({', '.join(missing)} not installed): "
+            'pip install "sanarl[service]" (from a checkout: pip install -c constraints.txt -e ".[service]").'
+        )
+
+
 def serve(args: argparse.Namespace) -> None:
     """Run the service until interrupted. Workers boot while this process checks every reward (names, options),
     so a bad `[[reward_args]]` entry still stops everything with a ConfigError before the API serves."""
+    require_service_extra()
     import uvicorn
 
     from reward_service.app import create_app

@@ -23,21 +23,41 @@ from rich.table import Table
 
 from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
-from sanarl.ui import console, guarded, out
+from sanarl.ui import PlainUsage, console, guarded, out, run_typer
 
 SUBCOMMANDS = ("validate", "presets", "eval", "bench")
 
 ConfigOpt = Annotated[
-    str, typer.Option("--config", "-c", help="Preset TOML file (or the name of a shipped preset).")
+    str,
+    typer.Option(
+        "--config", "-c", metavar="PRESET", help="Preset TOML file (or the name of a shipped preset)."
+    ),
 ]
-PluginArg = Annotated[str, typer.Argument(help="Dataset plugin: dotted module or path/to/plugin.py.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: dotted.key=value (repeatable).")]
+PluginArg = Annotated[
+    str, typer.Argument(metavar="PLUGIN", help="Dataset plugin: dotted module or path/to/plugin.py.")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="KEY=VALUE", help="Override: dotted.key=value (repeatable)."),
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Resolve everything, load the model, build the task and print the plan, then stop before the first "
+        "training step.",
+    ),
+]
 
 
 # --- train -------------------------------------------------------------------------------------------------------
 def train(
-    config: ConfigOpt, plugin: PluginArg, set_: SetOpt = None, dry_run: bool = False, debug: DebugOpt = False
+    config: ConfigOpt,
+    plugin: PluginArg,
+    set_: SetOpt = None,
+    dry_run: DryRunOpt = False,
+    debug: DebugOpt = False,
 ):
     """Post-train a model with a preset and a dataset plugin."""
     guarded(debug, _train, config, plugin, set_, dry_run)
@@ -127,7 +147,7 @@ tools = typer.Typer(
 )
 
 
-@tools.command()
+@tools.command(cls=PlainUsage)
 def validate(
     config: ConfigOpt,
     plugin: PluginArg,
@@ -147,9 +167,9 @@ def validate(
     gpu_memory: Annotated[
         float | None, typer.Option(help="Plan memory for an accelerator with this many GB per rank.")
     ] = None,
-    fsdp: Annotated[bool, typer.Option(help="Plan for an FSDP launch (default: DDP).")] = False,
+    fsdp: Annotated[bool, typer.Option("--fsdp", help="Plan for an FSDP launch (default: DDP).")] = False,
     memory: Annotated[
-        bool, typer.Option(help="Print the memory plan against this machine's memory.")
+        bool, typer.Option("--memory", help="Print the memory plan against this machine's memory.")
     ] = False,
     debug: DebugOpt = False,
 ):
@@ -223,10 +243,12 @@ def _validation_rows(cfg, plugin: DatasetPlugin) -> list[tuple[str, str]]:
     first validation, after hours); returns the plan row."""
     if not cfg.validation.enable or getattr(plugin, "get_val_dataset", None) is None:
         return []
+    early = cfg.validation.early_steps
+    when = (f"after steps {', '.join(map(str, sorted(early)))}, then " if early else "") + "every"
     val = plugin.get_val_dataset(cfg)
     if val is None:
-        return [("validation", f"every {cfg.validation.freq} steps, prompts from the training set")]
-    return [("validation", f"every {cfg.validation.freq} steps, {len(val)} validation prompts")]
+        return [("validation", f"{when} {cfg.validation.freq} steps, prompts from the training set")]
+    return [("validation", f"{when} {cfg.validation.freq} steps, {len(val)} validation prompts")]
 
 
 def _default_report(loaded) -> list[str]:
@@ -246,7 +268,7 @@ def _default_report(loaded) -> list[str]:
     ]
 
 
-@tools.command()
+@tools.command(cls=PlainUsage)
 def presets(
     copy: Annotated[
         tuple[str, Path] | None,
@@ -283,7 +305,7 @@ def _register_eval_and_bench() -> None:
     from sanarl.bench.cli import bench_app
     from sanarl.evaluation.cli import eval_command
 
-    tools.command("eval")(eval_command)
+    tools.command("eval", cls=PlainUsage)(eval_command)
     tools.add_typer(bench_app, name="bench")
 
 
@@ -395,15 +417,15 @@ def _dispatch(args: list[str]) -> None:
         print(overview())
         return
     if args[0] in SUBCOMMANDS:
-        tools(args, prog_name="sanarl", standalone_mode=True)
+        run_typer(tools, args)
         return
     if args[0] == "train":
         args = args[1:]
     elif not args[0].startswith("-"):
         guarded(False, _check_not_a_misspelt_command, args[0])
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command(help=train.__doc__)(train)
-    app(args, prog_name="sanarl", standalone_mode=True)
+    app.command(help=train.__doc__, cls=PlainUsage)(train)
+    run_typer(app, args)
 
 
 if __name__ == "__main__":

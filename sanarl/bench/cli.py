@@ -50,14 +50,18 @@ def shapes(
     eval_steps: Annotated[int, typer.Option(help="Sampling steps of the evaluation.")] = 20,
     output: Annotated[Path, typer.Option(help="Output directory.")] = Path("outputs/bench-shapes"),
     rebuild_base: Annotated[
-        bool, typer.Option(help="Retrain the base from its recipe into <output>.")
+        bool, typer.Option("--rebuild-base", help="Retrain the base from its recipe into <output>.")
     ] = False,
     base_steps: Annotated[int, typer.Option(help="Steps of --rebuild-base.")] = 3675,
-    resume: Annotated[bool, typer.Option(help="Skip finished method/seed runs (done.json).")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip finished method/seed runs (done.json).")
+    ] = False,
     jobs: Annotated[
         int, typer.Option(help="Method runs at a time, each in its own process with cores / jobs threads.")
     ] = 2,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Extra override for every method.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help="Extra override for every method.")
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")] = False,
 ):
     """Post-train the tiny shapes base with each method for the same budget, evaluate all on the held-out split,

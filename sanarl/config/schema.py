@@ -302,6 +302,15 @@ class ValidationConfig:
     """Generate validation samples (and the held-out rewards) every `freq` steps."""
     freq: Annotated[int, AtLeast(1)] = 100
     """Validate every N optimizer steps (and at the end)."""
+    early_steps: Annotated[
+        list[int],
+        Holds(
+            lambda steps: all(step >= 1 for step in steps),
+            "steps >= 1",
+            "`{key}` = {value!r} must list optimizer steps >= 1, e.g. [50, 100].",
+        ),
+    ] = field(default_factory=list)
+    """Also validate after these steps: early grids before the first `freq` (e.g. [50, 100])."""
     val_before_train: bool = False
     """Also validate once before the first step (the base model's samples)."""
     batch_size: Annotated[int, AtLeast(1)] = 8
@@ -327,7 +336,8 @@ class LoggingConfig:
     experiment_name: str = ""
     """Tracker run name ("" = the output directory's name)."""
     log_freq: Annotated[int, AtLeast(1)] = 1
-    """The console's progress bar refreshes every N steps (metrics.jsonl, tensorboard and wandb get every step)."""
+    """The console reports progress every N steps: step, loss, reward, step time, ETA (a bar on a terminal, a plain
+    line when stdout is a file); metrics.jsonl, tensorboard and wandb get every step."""
     multi_modal_log_interval: int = 10
     """RL: save a rollout grid (prompt and reward under each image) every N steps (0 = never)."""
 

@@ -32,9 +32,15 @@ def eval_command(
     guidance: Annotated[float | None, typer.Option(help="CFG weight (default: the config's).")] = None,
     seed: Annotated[int, typer.Option(help="Sample i uses seed + i.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Images generated and scored per batch.")] = 16,
-    set_: Annotated[Strs, typer.Option("--set", help="Config override key=value (repeatable).")] = None,
-    image_stats: Annotated[bool, typer.Option(help="Also report off-target image statistics.")] = False,
-    no_ema: Annotated[bool, typer.Option(help="Use a checkpoint's raw weights, not its EMA.")] = False,
+    set_: Annotated[
+        Strs, typer.Option("--set", metavar="KEY=VALUE", help="Config override key=value (repeatable).")
+    ] = None,
+    image_stats: Annotated[
+        bool, typer.Option("--image-stats", help="Also report off-target image statistics.")
+    ] = False,
+    no_ema: Annotated[
+        bool, typer.Option("--no-ema", help="Use a checkpoint's raw weights, not its EMA.")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for bad input too.")] = False,
 ):
     """Generate with one or more models on the same prompts and seeds, score with rewards, write samples.jsonl,

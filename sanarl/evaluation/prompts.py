@@ -49,7 +49,7 @@ class PromptSet:
 
 def shapes_prompts(split: str, num: int, seed: int) -> PromptSet:
     """`num` shapes-world items of `split` (tags balanced, see docs/shapes.md), a pure function of (split, seed)."""
-    name = world.canonical_split(split, "--dataset shapes:<split>")
+    name = world.canonical_split(split, "--dataset shapes:<split>", example="--dataset shapes:test")
     metas = [world.sample_item(name, seed, i)[0] for i in range(num)]  # GenEval rows, prompt included
     return PromptSet([m["prompt"] for m in metas], metas, f"shapes world, split {name!r}, seed {seed}")
 

@@ -23,6 +23,12 @@ from sanarl.rewards.base import Reward
 ENTRY_KEY = "train.train_policy.remote_reward.reward_fns"
 """The config key whose `name` fields are looked up here (used in error messages)."""
 
+IMAGEREWARD_INSTALL = (
+    "pip install timm && pip install --no-deps image-reward==1.5 && pip install --no-deps --no-build-isolation "
+    "fairscale==0.4.13 (bash scripts/install_imagereward.sh in a checkout; docs/rewards.md)"
+)
+"""image-reward pins timm 0.6.13 and an old diffusers, so it goes in without its pins (no sanarl extra can)."""
+
 _BUILTIN: dict[str, tuple[str, str]] = {
     "jpeg_compressibility": ("sanarl.rewards.scorers.jpeg:JpegCompressibility", ""),
     "jpeg_incompressibility": ("sanarl.rewards.scorers.jpeg:JpegIncompressibility", ""),
@@ -31,7 +37,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "clipscore": ("sanarl.rewards.scorers.clipscore:ClipScore", "pip install 'sanarl[rewards]'"),
     "aesthetic": ("sanarl.rewards.scorers.aesthetic:Aesthetic", "pip install 'sanarl[rewards]'"),
     "hpsv2": ("sanarl.rewards.scorers.hpsv2:HPSv2", "pip install 'sanarl[rewards]'"),
-    "imagereward": ("sanarl.rewards.scorers.imagereward:ImageReward", "pip install 'sanarl[imagereward]'"),
+    "imagereward": ("sanarl.rewards.scorers.imagereward:ImageReward", IMAGEREWARD_INSTALL),
     "ocr": ("sanarl.rewards.scorers.ocr:OCRReward", "pip install 'sanarl[ocr]'"),
     "geneval": ("sanarl.rewards.scorers.geneval:GenEvalReward", "pip install 'sanarl[geneval]'"),
     "motion": ("sanarl.rewards.scorers.motion:MotionReward", ""),

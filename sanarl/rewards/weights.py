@@ -143,6 +143,12 @@ def hub_offline() -> bool:
     return _LOCAL_ONLY.get() or env_hub_offline()
 
 
+def no_download_reason() -> str:
+    """Why nothing was downloaded (when `hub_offline()`): the environment's HF_HUB_OFFLINE, or a check that looks
+    on this machine only (`local_only()`: `sanarl validate`, the start's preflight)."""
+    return "HF_HUB_OFFLINE is set" if env_hub_offline() else "this check does not download"
+
+
 @dataclass(frozen=True)
 class Missing:
     """Why one weights entry could not be resolved (collected so that one error names all of them).
@@ -169,7 +175,7 @@ def _resolve(name: str, kind: str, option: str) -> Path | Missing:
         return cached
     needs = ", ".join(_missing_files(cached or Path("/nonexistent"), kind))
     if hub_offline():
-        return Missing(option, name, f"not in the local Hub cache (needs {needs}) and HF_HUB_OFFLINE is set")
+        return Missing(option, name, f"not in the local Hub cache (needs {needs}) and {no_download_reason()}")
     if kind == "model":
         for patterns in (_MODEL_PATTERNS, _MODEL_BIN_PATTERNS):
             got = hub_snapshot(name, patterns, offline=False)

@@ -98,7 +98,7 @@ def check_reward_weights(cfg: Config, *, required: bool = True) -> list[str]:
                 if env_hub_offline()
                 else "the run downloads Hub ids at start; a missing local file stops it"
             )
-            lines.append(f"warning: reward {name!r}: weights not found on this machine ({exc}) So {later}.")
+            lines.append(f"warning: reward {name!r}: weights not found on this machine, so {later}. {exc}")
             continue
         lines.append(f"weights: reward {name!r} found locally.")
     return lines

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,6 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
-from rich.table import Column
 
 from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
@@ -43,6 +41,7 @@ from sanarl.training.checkpointer import Checkpointer
 from sanarl.training.data_order import step_generator
 from sanarl.training.distributed import full_parameters, is_fsdp, rank0_minutes_passed, reduce_metrics, scalar
 from sanarl.training.faults import pause_point
+from sanarl.training.progress import StepProgress
 from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.resume import ResumePlan
 from sanarl.training.reward_stop import rewards_failed
@@ -198,11 +197,14 @@ class Runner:
         finally:
             logger.close()
 
-    def _stop_on_signal(self, done: int, signum: int) -> None:
-        """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then `Interrupted`."""
+    def _stop_on_signal(self, done: int, signum: int, logger: MetricsLogger) -> None:
+        """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then (validation on) the grid of the
+        weights it holds, then `Interrupted`."""
         import signal
 
         self.checkpoints.save(done)
+        if self.cfg.validation.enable:
+            self.validation.sample(done, logger)
         name = signal.Signals(signum).name
         where = (
             self.checkpoints.root
@@ -249,7 +251,7 @@ class Runner:
         a component's checkpointed state includes it (`_save_after_validation`)."""
         stopped = False
         metrics: dict[str, float] = {}
-        with self._progress() as (bar, job):
+        with self._progress() as progress:
             started = time.monotonic()
             self.checkpoints.start_clock()
             for step in range(self.start_step, self.total_steps):
@@ -261,7 +263,7 @@ class Runner:
                 pause_point(f"step_{done}")
                 signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
                 if signum:
-                    self._stop_on_signal(done, signum)
+                    self._stop_on_signal(done, signum, logger)
                 for component in self.components:
                     component.on_step(done, metrics)
                 if rank0_minutes_passed(self.acc, started, self.cfg.train.max_wall_minutes):
@@ -270,8 +272,7 @@ class Runner:
                         f"[yellow]train.max_wall_minutes = {self.cfg.train.max_wall_minutes} reached[/]: "
                         f"stopping after step {done}"
                     )
-                if done % self.cfg.logging.log_freq == 0 or done == self.total_steps:
-                    bar.update(job, completed=done, total=self.total_steps, info=_short(metrics))
+                progress.report(done, self.total_steps, metrics)
                 if not self._save_after_validation:
                     self.checkpoints.save_if_due(done, self.total_steps)
                 if self.validation.due(done, self.total_steps):
@@ -284,18 +285,10 @@ class Runner:
                     break
         return metrics, stopped
 
-    @contextlib.contextmanager
-    def _progress(self) -> Iterator[tuple[Progress, TaskID]]:
-        """The console's progress bar over the run's steps (rank 0)."""
-        columns = (
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),  # wraps, never cut
-        )
-        with Progress(*columns, console=self.console, disable=not self.acc.is_main_process) as bar:
-            yield bar, bar.add_task("train", total=self.total_steps, completed=self.start_step, info="")
+    def _progress(self) -> StepProgress:
+        """The console's progress over the run's steps (rank 0): a bar on a terminal, plain lines elsewhere."""
+        log_freq, main = self.cfg.logging.log_freq, self.acc.is_main_process
+        return StepProgress(self.console, self.start_step, self.total_steps, log_freq, enabled=main)
 
     @property
     def _save_after_validation(self) -> bool:
@@ -321,8 +314,3 @@ class Runner:
         if self.acc.is_main_process:
             plot_run_metrics(self.run_dir)
         return export_dir
-
-
-def _short(metrics: dict[str, float]) -> str:
-    keys = [k for k in ("loss", "reward/mean", "grad_norm", "samples_per_s") if k in metrics]
-    return "  ".join(f"{k}={metrics[k]:.4g}" for k in keys)

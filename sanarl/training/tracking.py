@@ -1,5 +1,8 @@
 """Run metrics: `metrics.jsonl` (one JSON object per optimizer step), console, and optional wandb / tensorboard.
 
+Each metrics.jsonl line starts with the step, the wall-clock `time` it was written (ISO 8601, UTC) and `elapsed_s`,
+the seconds of training so far (from the run's start; a resumed run goes on from its last kept line's value).
+
 Only the main process writes. wandb and tensorboard are imported lazily; asking for one that is not installed
 fails at start with the pip command to fix it.
 """
@@ -9,7 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +44,15 @@ class MetricsLogger:
         self.path = run_dir / "metrics.jsonl"
         self._wandb = None
         self._tb = None
+        self._began = time.monotonic()
         if not enabled:
             return
         if not resume and self.path.exists():
             self.path.unlink()
         if resume and resume_step is not None and self.path.exists():
             self._trim(resume_step, notice)
+        if resume and self.path.exists():
+            self._began -= _last_elapsed(read_metrics(self.path))
         if "wandb" in loggers:
             self._wandb = _start_wandb(project, experiment or run_dir.name, config, run_dir)
         if "tensorboard" in loggers:
@@ -73,8 +81,12 @@ class MetricsLogger:
         if not self.enabled:
             return
         clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
+        stamp = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "elapsed_s": round(time.monotonic() - self._began, 3),
+        }
         with self.path.open("a") as fh:
-            fh.write(json.dumps({"step": step, **clean}) + "\n")
+            fh.write(json.dumps({"step": step, **stamp, **clean}) + "\n")
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
         if self._tb is not None:
@@ -164,6 +176,15 @@ def read_metrics(path: Path, bad_lines: list[int] | None = None) -> list[dict[st
         elif bad_lines is not None:
             bad_lines.append(number)
     return records
+
+
+def _last_elapsed(records: list[dict[str, Any]]) -> float:
+    """The `elapsed_s` of the last record that has one (0 without)."""
+    for record in reversed(records):
+        value = record.get("elapsed_s")
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return 0.0
 
 
 def _step_of(record: dict[str, Any]) -> float:

@@ -1,6 +1,10 @@
 """A run's validations: the grid of samples every `validation.freq` steps, their held-out rewards, and what the
 run's components make of them (sanarl/training/components.py).
 
+Validations come every `validation.freq` steps, after each of `validation.early_steps` (first grids before the
+first `freq`), at the end of the run, and after the final checkpoint of a run stopped by SIGINT / SIGTERM (its
+last weights as a grid; the runner calls `sample`).
+
 The samples come from the evaluation sampler (a noise-free ODE, or flow_sde at `eval_noise_level` with its noise
 from each sample's seed: docs/algorithms.md "Evaluation sampler") with the
 EMA weights when the EMA is on, on the first `validation.num_samples` validation prompts with seeds `train.seed +
@@ -44,9 +48,10 @@ class Validation:
         self.held_out_rewards = held_out_rewards
 
     def due(self, done: int, total: int) -> bool:
-        """A validation after step `done` (`validation.freq`; the run's end validates the last step)."""
+        """A validation after step `done` (`validation.freq` and `validation.early_steps`; the run's end validates
+        the last step)."""
         val = self.cfg.validation
-        return val.enable and done % val.freq == 0 and done < total
+        return val.enable and (done % val.freq == 0 or done in val.early_steps) and done < total
 
     def run(self, step: int, logger: MetricsLogger) -> bool:
         """Validate at `step`, then every component's `after_validation` (all of them run); whether any asks the

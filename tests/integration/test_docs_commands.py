@@ -41,7 +41,7 @@ EXAMPLE_PLUGIN = "examples/plugins/my_prompts.py"
 NOT_RUN: list[tuple[str, str]] = [
     (r"^pip |^apt-get ", "installs packages: CI's own install (.ci/run) and scripts/check_wheel.sh do this"),
     (
-        r"^bash scripts/(test|install_test_deps)\.sh|^python -m pytest",
+        r"^bash scripts/(test|install_test_deps|install_imagereward)\.sh|^python -m pytest",
         "the test suite and its install (CI runs them: tests/unit/test_ci_command.py)",
     ),
     (r"^hf download|^python -c \"import torch, torchvision", "downloads weights (no network in tests)"),

@@ -6,6 +6,8 @@ used to make each process train alone into the same folder."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,3 +50,40 @@ def test_cli_under_accelerate_runs_one_training_of_world_size_two(distributed_ty
     assert steps == list(range(1, STEPS + 1))
     meta = json.loads((run / "checkpoints" / f"step_{STEPS:08d}" / "meta.json").read_text())
     assert (meta["world_size"], meta["distributed_type"]) == (2, distributed_type)
+
+
+README_LAUNCH = ["--multi_gpu", "--num_processes", "2"]
+"""README.md's multi-process line, as typed (accelerate's defaults for everything else)."""
+DEFAULT = ["--config", "tiny-shapes-sft", "sanarl.datasets.shapes"]
+
+
+def test_readme_launch_of_the_cpu_default_runs_as_typed(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2 -m sanarl --config tiny-shapes-sft sanarl.datasets.shapes`:
+    the default's 64 samples per step split into one micro-batch of 32 per rank (2 steps, everything else as
+    shipped: validation before and after, checkpoint, export)."""
+    done = accelerate_launch_cli(
+        README_LAUNCH, [*DEFAULT, "--set", "train.max_num_steps=2"], tmp_path, OMP_NUM_THREADS="1"
+    )
+    assert "2 rank(s) = 32 per rank" in done.stdout, done.stdout
+    assert done.stdout.count("done: 2 steps") == 1, done.stdout
+    run = tmp_path / "outputs" / "tiny-shapes-sft"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert (run / "export" / "model_index.json").is_file()
+
+
+def test_a_batch_that_cannot_split_is_reported_once_by_rank_zero_with_exit_two(tmp_path):
+    """96 samples over 2 ranks are 48 per rank, not whole micro-batches of 32: every process stops with exit 2
+    before training, the message printed once (rank 0); accelerate then reports the failed launch itself."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *README_LAUNCH, "-m", "sanarl", *DEFAULT]
+    cmd += ["--set", "train.train_batch_per_replica=96"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode != 0
+    said = " ".join(done.stderr.split())
+    assert said.count("error: `train.train_batch_per_replica = 96` must split over 2 rank(s)") == 1, said
+    assert said.count("error:") == 1 and "needs a multiple of 64" in said
+    assert "exitcode  : 2" in done.stderr, (
+        done.stderr
+    )  # the processes' own exit code, in accelerate's summary
+    assert not (tmp_path / "outputs" / "tiny-shapes-sft" / "metrics.jsonl").exists()

@@ -51,4 +51,7 @@ def test_the_install_provides_what_the_suite_needs():
     wanted = {re.split(r"[<>=\[; ]", r)[0] for name in extras.group(1).split(",") for r in optional[name]}
     assert {"pytest", "redis", "fastapi", "open_clip_torch", "rapidocr-onnxruntime", "av"} <= wanted, wanted
     assert "apt-get install -y -qq redis-server" in install
-    assert "--no-deps image-reward==1.5" in install and "fairscale==0.4.13" in install
+    assert "bash scripts/install_imagereward.sh" in install  # the imagereward reward's documented step
+    imagereward = " ".join(script_commands(ROOT / "scripts" / "install_imagereward.sh"))
+    assert "--no-deps image-reward==1.5" in imagereward and "fairscale==0.4.13" in imagereward
+    assert "imagereward" not in optional  # no extra that pip cannot install (image-reward's own pins)

@@ -37,6 +37,7 @@ from sanarl.rewards.weights import (
     Missing,
     hub_offline,
     missing_weights_error,
+    no_download_reason,
     read_state_dict,
     reward_ckpt_path,
 )
@@ -107,7 +108,7 @@ def _resolve_tokenizer(name: str) -> Path | Missing:
                 continue
             if (got / "vocab.txt").is_file():
                 return got
-    why = "HF_HUB_OFFLINE is set" if offline else "the download failed"
+    why = no_download_reason() if offline else "the download failed"
     return Missing("tokenizer", name, f"no vocab.txt in the local Hub cache and {why}")
 
 

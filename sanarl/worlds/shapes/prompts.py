@@ -98,17 +98,18 @@ def split_of(metadata: dict[str, Any]) -> str:
     return "train"
 
 
-def canonical_split(split: str, key: str = "split") -> str:
+def canonical_split(split: str, key: str = "split", example: str | None = None) -> str:
     """Map a split name (train | test | heldout) to "train" or "test".
 
     Raises:
-        DataError: naming `key` when the name is unknown.
+        DataError: naming `key` when the name is unknown, with `example` as the fix (default: `--set key="test"`).
     """
     name = SPLIT_ALIASES.get(str(split).strip().lower())
     if name is None:
+        fix = example or f'--set {key}="test"'
         raise DataError(
             f'`{key}` is {split!r}, which the shapes world does not have. Use "train" (seen combinations) or '
-            '"test" (alias "heldout": held-out combinations), e.g. `--set ' + key + '="test"`.'
+            f'"test" (alias "heldout": held-out combinations), e.g. `{fix}`.'
         )
     return name
 

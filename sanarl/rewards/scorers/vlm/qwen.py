@@ -27,6 +27,7 @@ from sanarl.rewards.weights import (
     hub_snapshot,
     is_hub_id,
     missing_weights_error,
+    no_download_reason,
     resolve_dirs,
 )
 
@@ -86,7 +87,7 @@ def resolve_files_dir(reward: str, option: str, name: str, required: Sequence[st
             got = hub_snapshot(name, None, offline=offline)
             if got is not None and not lacking(got):
                 return got
-        where = "HF_HUB_OFFLINE is set" if hub_offline() else "the download failed"
+        where = no_download_reason() if hub_offline() else "the download failed"
         reason = f"not in the local Hub cache (needs {', '.join(required)}) and {where}"
     raise missing_weights_error(reward, [Missing(option, name, reason, fix)])
 
