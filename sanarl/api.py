@@ -19,7 +19,7 @@ from sanarl.rewards.preflight import check_reward_prompts
 from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
 from sanarl.training.preflight import preflight
 from sanarl.training.protocol import Task
-from sanarl.training.resume import ResumePlan, apply_plan, plan_resume
+from sanarl.training.resume import ResumePlan, apply_plan, plan_resume, refuse_going_back
 from sanarl.training.run_lock import run_lock
 from sanarl.training.runner import Runner, RunResult
 from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
@@ -97,6 +97,10 @@ def train(
         if dry_run:
             return TrainOutcome(cfg, task, None, plan)
         runner = Runner(cfg, task, acc, run_dir, plan=resume, record=record)
+        limit = f"train.epoch = {cfg.train.epoch} of {task.steps_per_epoch()} steps, train.max_num_steps = "
+        refuse_going_back(
+            resume, runner.total_steps, run_dir / "checkpoints", limit + str(cfg.train.max_num_steps)
+        )
         if acc.is_main_process:
             prepare_run_dir(cfg.train.output_dir)
             for line in apply_plan(resume, run_dir / "checkpoints", run_dir):
@@ -121,6 +125,9 @@ def _lock_and_plan(held: contextlib.ExitStack, cfg: Config, run_dir: Path, recor
     held.enter_context(run_lock(run_dir, notice=_notice))
     groups = ("model", "ema") if cfg.train.ema_enable else ("model",)
     plan = plan_resume(cfg.train.resume, run_dir / "checkpoints", groups, record["config"], record["plugin"])
+    steps = cfg.train.max_num_steps
+    if steps is not None:  # before any model loads (the epochs' cap is checked once the task knows its data)
+        refuse_going_back(plan, steps, run_dir / "checkpoints", f"train.max_num_steps = {steps}")
     for line in plan.notices:
         _notice(line)
     return plan

@@ -142,6 +142,31 @@ def _checked_changes(
     return allowed
 
 
+def refuse_going_back(plan: ResumePlan, total_steps: int, root: Path, limit: str) -> None:
+    """A resume never goes back: a checkpoint past the run's `total_steps` (a shorter re-run into the folder of a
+    longer one) would end at once and overwrite step `total_steps`'s checkpoint and the export with its later
+    weights. `limit` says what sets `total_steps`.
+
+    Raises:
+        UserError: naming the checkpoint's step and the ways out; nothing is written.
+    """
+    if plan.path is None or plan.step <= total_steps:
+        return
+    earlier = [p for p in list_checkpoints(root) if (checkpoint_step(p) or 0) <= total_steps]
+    rewind = (
+        f'rewind to an earlier checkpoint with `train.resume = "{earlier[-1]}"`, '
+        if earlier and earlier[-1] != plan.path
+        else ""
+    )
+    raise UserError(
+        f"{plan.path} is at step {plan.step}, past the {total_steps} steps this run plans ({limit}): a resume "
+        f"cannot go back, and finishing here would overwrite step {total_steps}'s checkpoint and the export with "
+        f"step {plan.step}'s weights. To continue that run set `train.max_num_steps` to at least {plan.step} (or "
+        f"raise `train.epoch`); for a shorter run {rewind}give it another `train.output_dir`, or start fresh with "
+        "`train.resume = false` (this folder's checkpoints then move to checkpoints/retired/). Nothing was written."
+    )
+
+
 def apply_plan(plan: ResumePlan, root: Path, run_dir: Path) -> list[str]:
     """Retire the plan's damaged and abandoned checkpoints and append the resume to `resumes.jsonl` (with the
     allowed config changes it applied); returns notices."""
