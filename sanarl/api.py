@@ -17,7 +17,7 @@ from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
 from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
-from sanarl.training.preflight import preflight
+from sanarl.training.preflight import check_outputs, preflight
 from sanarl.training.protocol import Task
 from sanarl.training.resume import ResumePlan, apply_plan, plan_resume, refuse_going_back
 from sanarl.training.run_lock import run_lock
@@ -75,6 +75,7 @@ def train(
     cfg = loaded.config
     plugin = load_plugin(plugin_spec)
     cls = task_class(cfg)
+    check_outputs(cfg)  # the run's folder and resume, before the data is read
     check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
     preflight_lines = preflight(cfg, plugin, dataset=plugin.get_dataset(cfg))
     acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=on_cpu())

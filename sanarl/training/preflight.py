@@ -1,6 +1,7 @@
 """What a run would reject after loading its models, found before: `sanarl validate` and the start of a run call
 `preflight` (no model loads, nothing is written). Each failure is a UserError (exit code 2) naming the key and the
-fix: an output directory that cannot be written, a logger that is not installed, in-process reward weights that
+fix: an output directory that cannot be written, a `train.resume` that names no checkpoint or one past the run's
+`train.max_num_steps`, a logger that is not installed, in-process reward weights that
 are not on this machine, an unset REMOTE_REWARD_* variable or a reward service that does not answer or refuses the
 token, and a plugin whose samples do not have the preset's size.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sanarl.config.plugins import plugin_label
@@ -18,6 +20,8 @@ from sanarl.errors import DataError, UserError, WeightsError
 from sanarl.rewards.registry import build_reward
 from sanarl.rewards.remote import RemoteRewardFunction
 from sanarl.rewards.weights import env_hub_offline, local_only
+from sanarl.training.checkpoint import CheckpointError, read_meta, resolve_resume
+from sanarl.training.resume import ResumePlan, refuse_going_back
 from sanarl.training.setup import check_writable
 
 LOGGER_MODULES = {"wandb": ("wandb", "wandb"), "tensorboard": ("torch.utils.tensorboard", "tensorboard")}
@@ -29,13 +33,39 @@ def preflight(cfg: Config, plugin: Any = None, *, dataset: Any = None, strict: b
     `dataset` (the plugin's training set) is read for its first item's shape when given. `strict` False turns
     what only the training machine must have (logger packages, reward weights, the reward service) into
     warnings: `sanarl validate` where the model's own weights are missing too checks a preset, not this machine."""
-    check_writable(cfg.train.output_dir)
+    check_outputs(cfg)
     lines = _machine_check(check_loggers, cfg, strict)
     lines += check_reward_weights(cfg, required=strict)
     lines += _machine_check(check_reward_service, cfg, strict)
     if dataset is not None and plugin is not None:
         check_sample_shape(cfg, plugin, dataset)
     return lines
+
+
+def check_outputs(cfg: Config) -> None:
+    """The checks of the run's folder, from the config alone (before the data is read): `train.output_dir` can be
+    written, and `check_resume`."""
+    check_writable(cfg.train.output_dir)
+    check_resume(cfg)
+
+
+def check_resume(cfg: Config) -> None:
+    """`train.resume` names a checkpoint (a path that holds none is refused), and the one it designates is not
+    past `train.max_num_steps` (a resume never goes back: `resume.refuse_going_back`). Its integrity is checked
+    when the run starts (`resume.plan_resume`, which falls back from a damaged newest checkpoint)."""
+    root = Path(cfg.train.output_dir).expanduser().absolute() / "checkpoints"
+    try:
+        found = resolve_resume(cfg.train.resume, root)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    steps = cfg.train.max_num_steps
+    if found is None or steps is None:
+        return
+    try:
+        step = int(read_meta(found)["step"])
+    except CheckpointError:
+        return  # damage: reported (or fallen back from) when the run plans its resume
+    refuse_going_back(ResumePlan(path=found, step=step), steps, root, f"train.max_num_steps = {steps}")
 
 
 def _machine_check(check: Callable[[Config], list[str] | None], cfg: Config, strict: bool) -> list[str]:

@@ -6,17 +6,15 @@ during the export, deep TOML and byte-identical LoRA exports."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_reliability import PRESET, ROOT, STEP, args, flat, kill9, paused, start, steps_of
+from test_reliability import ROOT, STEP, args, flat, start, steps_of
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +118,48 @@ def test_the_docs_tensorboard_run_after_the_readme_run_trains_in_its_own_folder(
     assert third.returncode == 2, third.stderr[-3000:]
     assert f"{STEP(21)}isatstep21,pastthe20steps" in flat(third.stderr)
     assert snapshot(readme_run) == before
+
+
+# --- 2. validate refuses what train refuses or crashes on ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("preset", "sets", "expect"),
+    [
+        (
+            "tiny-shapes-sft",
+            ["policy.diffusers.inference_size=[20000,20000]"],
+            "GiBperrank(training)butthismachine",
+        ),
+        ("tiny-shapes-nft", ["rollout.num_candidates=-1"], "`rollout.num_candidates`=-1isoutofrange"),
+        ("tiny-shapes-sft", ["train.resume={tmp}/nothing-here"], "holdsnocheckpoint"),
+        (
+            "tiny-shapes-nft",
+            ["policy.diffusers.sample.num_steps=100000000"],
+            "sample.num_steps`=100000000isoutofrange",
+        ),
+    ],
+    ids=["inference_size_20000", "num_candidates_negative", "resume_no_checkpoint", "sample_steps_1e8"],
+)
+def test_validate_refuses_what_train_refuses_before_touching_data(
+    cli, tmp_path, monkeypatch, preset, sets, expect
+):
+    """Each of these used to pass `sanarl validate` (the oversized one was OOM-killed rendering dataset item 0 at
+    full size) and then stop `sanarl train` with a traceback or the memory plan. The plugin's dataset is never
+    built: validate refuses from the config alone."""
+    import sanarl.datasets.shapes as shapes
+
+    monkeypatch.setattr(shapes, "get_dataset", lambda cfg: pytest.fail("validate built the dataset"))
+    run = tmp_path / "run"
+    sets = [s.replace("{tmp}", str(tmp_path)) for s in [*sets, f"train.output_dir={run}"]]
+    for command in (["validate"], []):
+        code, out, err = cli(
+            *command, "--config", preset, "sanarl.datasets.shapes", *[x for s in sets for x in ("--set", s)]
+        )
+        assert code == 2 and "Traceback" not in err, out + err
+        assert expect in flat(err)
+        assert not run.exists()
+
+
+def test_validate_refuses_a_resume_past_max_num_steps(run_copy, cli):
+    code, _, err = cli("validate", *args(run_copy, 2))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{STEP(4)}isatstep4,pastthe2stepsthisrunplans" in flat(err)
