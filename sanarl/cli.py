@@ -180,7 +180,7 @@ def _validate(
         from sanarl.tools.capacity.accelerators import accelerator
 
         accelerator(capacity[0])
-    check_outputs(cfg)
+    check_outputs(cfg, verify=True)
     if cfg.policy.model_name_or_path.startswith(TINY_PREFIX):
         check_tiny_name(cfg.policy.model_name_or_path[len(TINY_PREFIX) :])
     if capacity is None:  # this machine's memory, refused as `train` refuses it (the options print the plan)

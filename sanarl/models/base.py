@@ -359,8 +359,13 @@ class DiffusionAdapter(ABC):
         """Write a diffusers-loadable LoRA file (`pipe.load_lora_weights(dir)`) with the "default" adapter's peft
         config as metadata, so loading restores its `lora_alpha / r` scale (without it diffusers assumes alpha = r)."""
         config = getattr(self.trainable_module(), "peft_config", {}).get("default")
+        metadata = None
+        if (
+            config is not None
+        ):  # peft keeps target_modules as a set: sorted, identical runs give identical files
+            metadata = {
+                k: sorted(v) if isinstance(v, set | frozenset) else v for k, v in config.to_dict().items()
+            }
         self.pipeline_cls.save_lora_weights(
-            str(directory),
-            transformer_lora_layers=state_dict,
-            transformer_lora_adapter_metadata=None if config is None else config.to_dict(),
+            str(directory), transformer_lora_layers=state_dict, transformer_lora_adapter_metadata=metadata
         )

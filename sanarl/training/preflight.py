@@ -20,7 +20,13 @@ from sanarl.errors import DataError, UserError, WeightsError
 from sanarl.rewards.registry import build_reward
 from sanarl.rewards.remote import RemoteRewardFunction
 from sanarl.rewards.weights import env_hub_offline, local_only
-from sanarl.training.checkpoint import CheckpointError, read_meta, resolve_resume
+from sanarl.training.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    read_meta,
+    resolve_resume,
+    verify_checkpoint,
+)
 from sanarl.training.resume import ResumePlan, refuse_going_back
 from sanarl.training.setup import check_writable
 
@@ -42,30 +48,36 @@ def preflight(cfg: Config, plugin: Any = None, *, dataset: Any = None, strict: b
     return lines
 
 
-def check_outputs(cfg: Config) -> None:
+def check_outputs(cfg: Config, *, verify: bool = False) -> None:
     """The checks of the run's folder, from the config alone (before the data is read): `train.output_dir` can be
-    written, and `check_resume`."""
+    written, and `check_resume` (`verify`: with checksums, as `sanarl validate` runs it)."""
     check_writable(cfg.train.output_dir)
-    check_resume(cfg)
+    check_resume(cfg, verify=verify)
 
 
-def check_resume(cfg: Config) -> None:
-    """`train.resume` names a checkpoint (a path that holds none is refused), and the one it designates is not
-    past `train.max_num_steps` (a resume never goes back: `resume.refuse_going_back`). Its integrity is checked
-    when the run starts (`resume.plan_resume`, which falls back from a damaged newest checkpoint)."""
+def check_resume(cfg: Config, *, verify: bool = False) -> None:
+    """`train.resume` names a checkpoint (a path that holds none is refused), and the one the run would resume
+    from is not past `train.max_num_steps` (a resume never goes back: `resume.refuse_going_back`). With
+    `train.resume = true` that is the newest intact checkpoint: found when `verify` (every checksum read), else
+    left to the run's resume plan, which verifies them anyway."""
     root = Path(cfg.train.output_dir).expanduser().absolute() / "checkpoints"
     try:
         found = resolve_resume(cfg.train.resume, root)
     except ValueError as err:
         raise UserError(str(err)) from None
     steps = cfg.train.max_num_steps
-    if found is None or steps is None:
+    if found is None or steps is None or (cfg.train.resume is True and not verify):
         return
-    try:
-        step = int(read_meta(found)["step"])
-    except CheckpointError:
-        return  # damage: reported (or fallen back from) when the run plans its resume
-    refuse_going_back(ResumePlan(path=found, step=step), steps, root, f"train.max_num_steps = {steps}")
+    groups = ("model", "ema") if cfg.train.ema_enable else ("model",)
+    for path in list(reversed(list_checkpoints(root))) if cfg.train.resume is True else [found]:
+        if verify and verify_checkpoint(path, groups) is not None:
+            continue  # damaged: `train.resume = true` falls back to an older one
+        try:
+            step = int(read_meta(path)["step"])
+        except CheckpointError:
+            return  # damaged: the run's resume plan names it
+        refuse_going_back(ResumePlan(path=path, step=step), steps, root, f"train.max_num_steps = {steps}")
+        return
 
 
 def _machine_check(check: Callable[[Config], list[str] | None], cfg: Config, strict: bool) -> list[str]:

@@ -25,8 +25,10 @@ from sanarl.training.checkpoint import (
     recover_root,
     resolve_resume,
     retire,
+    unverified_notice,
     verify_checkpoint,
 )
+from sanarl.training.run_files import write_file
 
 
 @dataclass
@@ -74,6 +76,9 @@ def plan_resume(
         plan.path = designated
     meta = read_meta(plan.path)
     plan.step = int(meta["step"])
+    unverified = unverified_notice(plan.path)
+    if unverified:
+        plan.notices.append(unverified)
     branch = resume is not True
     plan.changes = _checked_changes(plan.path, meta, config, plugin, branch)
     if branch:
@@ -182,8 +187,9 @@ def apply_plan(plan: ResumePlan, root: Path, run_dir: Path) -> list[str]:
             "step": plan.step,
             "changed": {k: {"old": v[0], "new": v[1]} for k, v in plan.changes.items()},
         }
-        with (run_dir / "resumes.jsonl").open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        log = run_dir / "resumes.jsonl"
+        before = log.read_bytes() if log.is_file() and not log.is_symlink() else b""
+        write_file(log, before + (json.dumps(record) + "\n").encode(), fail_at="resume_record")
         for key, (old, new) in plan.changes.items():
             notices.append(f"resume changes `{key}`: {old!r} -> {new!r}")
     return notices

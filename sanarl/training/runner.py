@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import signal
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,10 +38,11 @@ from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
 from sanarl.errors import Interrupted, UserError
 from sanarl.rewards.scoring import build_rewards
-from sanarl.training.checkpoint import resolve_resume, umask_modes
+from sanarl.training.checkpoint import resolve_resume
 from sanarl.training.checkpointer import Checkpointer
 from sanarl.training.data_order import step_generator
 from sanarl.training.distributed import full_parameters, is_fsdp, rank0_minutes_passed, reduce_metrics, scalar
+from sanarl.training.exports import write_export
 from sanarl.training.faults import pause_point
 from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.resume import ResumePlan
@@ -166,12 +168,16 @@ class Runner:
             self._diverged(
                 self.total_steps, f"the weights hold inf / nan before the export of step {self.total_steps}"
             )
+        error = ""
         with self.state.ema_weights(), full_parameters(self.wrapped):
             if self.acc.is_main_process:
-                target.mkdir(parents=True, exist_ok=True)
-                self.task.export(target)
-                umask_modes(target)
-        self.acc.wait_for_everyone()
+                try:  # staged, then renamed over the old export (exports.py)
+                    write_export(self.run_dir, self.task.export)
+                except UserError as err:
+                    error = str(err)
+        error = self.checkpoints.from_main(error)  # a full disk stops every rank
+        if error:
+            raise UserError(error)
         return target if self.acc.is_main_process else None
 
     # --- the loop -----------------------------------------------------------------------------------------------
@@ -195,8 +201,6 @@ class Runner:
 
     def _stop_on_signal(self, done: int, signum: int) -> None:
         """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then `Interrupted`."""
-        import signal
-
         self.checkpoints.save(done)
         name = signal.Signals(signum).name
         where = (
@@ -216,6 +220,13 @@ class Runner:
         metrics, stopped = self._train_loop(logger)
         export_dir = self._finish(logger, stopped)
         self.acc.wait_for_everyone()
+        signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
+        if signum:  # it came during the final checkpoint or the export, which were completed
+            raise Interrupted(
+                f"{signal.Signals(signum).name} during the end of the run: the final checkpoint of step "
+                f"{self.total_steps} and the export were completed first.",
+                signum,
+            )
         return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
 
     def _open_logger(self) -> MetricsLogger:

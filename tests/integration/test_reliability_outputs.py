@@ -6,6 +6,7 @@ during the export, deep TOML and byte-identical LoRA exports."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_reliability import ROOT, STEP, args, flat, start, steps_of
+from test_reliability import ROOT, STEP, args, flat, kill9, paused, start, steps_of
 
 pytestmark = pytest.mark.slow
 
@@ -163,3 +164,159 @@ def test_validate_refuses_a_resume_past_max_num_steps(run_copy, cli):
     code, _, err = cli("validate", *args(run_copy, 2))
     assert code == 2 and "Traceback" not in err, err
     assert f"{STEP(4)}isatstep4,pastthe2stepsthisrunplans" in flat(err)
+
+
+# --- 5. a full disk during the export and at the start of a resume -------------------------------------------------
+EXPORT = "train.ckpt.export_safetensors=true"
+
+
+@pytest.fixture
+def exported(run_copy, cli) -> Path:
+    """The 4-step run re-run to its end with the export on: `export/` holds step 4's model."""
+    code, _, err = cli(*args(run_copy, 4, EXPORT))
+    assert code == 0, err
+    assert (run_copy / "export").is_dir()
+    return run_copy
+
+
+def test_a_full_disk_during_the_export_is_exit_2_and_keeps_the_old_export(exported, cli, monkeypatch):
+    """The old code left `export/transformer/` with only its config.json and a SafetensorError traceback."""
+    before = snapshot(exported / "export")
+    monkeypatch.setenv("SANARL_TEST_FAIL_AT", "export_write")
+    code, _, err = cli(*args(exported, 6, EXPORT))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"diskfullat{exported}:theexportwasnotwritten({exported}/exportisasitwas" in flat(err)
+    assert snapshot(exported / "export") == before
+    assert [p.name for p in exported.iterdir() if p.name.startswith(".") and p.name != ".lock"] == []
+
+
+def test_a_full_disk_at_the_start_of_a_resume_is_exit_2_and_writes_nothing(run_copy, cli, monkeypatch):
+    """The old code ended in an OSError traceback from resumes.jsonl."""
+    before = snapshot(run_copy)
+    monkeypatch.setenv("SANARL_TEST_FAIL_AT", "resume_record")
+    code, _, err = cli(*args(run_copy, 6))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"diskfullat{run_copy}:therundidnotstart" in flat(err)
+    assert snapshot(run_copy) == before  # no resumes.jsonl, config.toml as it was, no temporary file
+
+
+# --- 6. the export is staged and renamed -------------------------------------------------------------------------------
+def test_a_kill_inside_a_re_export_leaves_the_old_export_or_the_new_one(exported, tmp_path):
+    """kill -9 with the new export complete in its staging folder, then between moving the old export aside and
+    renaming the new one in: `export/` (or, between the renames, `.old-export`, put back at the next start) is
+    the old export byte for byte; the next run's export replaces it whole. The old code rewrote `export/` in
+    place, so a kill left the new config beside the old weights."""
+    old = snapshot(exported / "export")
+    kill9(paused(args(exported, 6, EXPORT), "export_staged", tmp_path))
+    assert snapshot(exported / "export") == old and list(exported.glob(".export-staging-*"))
+    kill9(paused(args(exported, 6, EXPORT), "export_swap", tmp_path))
+    assert not (exported / "export").exists() and snapshot(exported / ".old-export") == old
+    assert not list(exported.glob(".export-staging-*"))  # the first kill's staging folder, removed at start
+    kill9(paused(args(exported, 8, EXPORT), "step_7", tmp_path))  # a start: the old export is put back
+    assert snapshot(exported / "export") == old and not (exported / ".old-export").exists()
+    proc = start(args(exported, 8, EXPORT))
+    assert proc.wait(timeout=600) == 0, proc.communicate()[1].decode()[-3000:]
+    new = snapshot(exported / "export")
+    assert new.keys() == old.keys() and new != old
+    assert [p.name for p in exported.iterdir() if p.name.startswith(".") and p.name != ".lock"] == []
+
+
+# --- 7. no run file follows a planted link ------------------------------------------------------------------------------
+def test_a_planted_symlink_is_never_followed(tmp_path, cli):
+    """`ln -s VICTIM OUT/.lock` made the run truncate VICTIM (the lock was opened through the link); config.toml,
+    metrics.jsonl, resumes.jsonl and metrics.png were written the same way. Now the lock link is refused with exit
+    2 and the others are replaced, never written through."""
+    run = tmp_path / "run"
+    run.mkdir()
+    victims = {}
+    for name in (".lock", "config.toml", "metrics.jsonl", "metrics.png"):
+        victim = tmp_path / f"victim-{name.strip('.')}"
+        victim.write_text(f"precious {name}\n")
+        (run / name).symlink_to(victim)
+        victims[victim] = victim.read_bytes()
+    code, _, err = cli(*args(run, 2))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{run}/.lockisasymboliclink(to{tmp_path}/victim-lock)" in flat(err)
+    (run / ".lock").unlink()
+    code, _, err = cli(*args(run, 2))
+    assert code == 0, err
+    assert {v: v.read_bytes() for v in victims} == victims
+    for name in ("config.toml", "metrics.jsonl", "metrics.png"):
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 0
+    (run / "resumes.jsonl").symlink_to(tmp_path / "victim-lock")
+    code, _, err = cli(*args(run, 4))
+    assert code == 0, err
+    assert {v: v.read_bytes() for v in victims} == victims
+    assert json.loads((run / "resumes.jsonl").read_text())["step"] == 2
+
+
+# --- 9. a kill inside rotation --------------------------------------------------------------------------------------------
+def test_a_kill_inside_rotation_leaves_nothing_the_next_start_does_not_remove(run_copy, tmp_path, cli):
+    """max_keep = 1: rotation deletes step 4 after step 6 is in place; kill -9 with its meta.json gone and the
+    rest not yet. The old code left that step folder for good (no meta.json: neither rotation nor start-up saw
+    it); a folder left so by an older sanarl is removed at start too."""
+    kill9(paused(args(run_copy, 6, "train.ckpt.max_keep=1"), "rotation_delete", tmp_path))
+    ckpts = run_copy / "checkpoints"
+    leftover = [p.name for p in ckpts.iterdir() if p.name.startswith(".retiring-")]
+    assert leftover and all(not (ckpts / name / "meta.json").exists() for name in leftover)
+    assert leftover == [f".retiring-{STEP(2)}"] and steps_of(run_copy) == [4, 6]
+    old_leftover = ckpts / STEP(4)  # an older sanarl's cut-short deletion: meta.json gone first
+    (old_leftover / "meta.json").unlink()
+    code, out, err = cli(*args(run_copy, 8, "train.ckpt.max_keep=1"))
+    assert code == 0, err
+    text = flat(out + err)
+    assert f"removed{ckpts}/{leftover[0]}(adeletioncutshortbyakill)" in text
+    assert f"removed{old_leftover}:ithasnometa.json" in text
+    assert sorted(p.name for p in ckpts.iterdir()) == [STEP(8)]
+
+
+# --- 10. damage that passed without a notice --------------------------------------------------------------------------------
+def _drop_meta_key(key: str, name: str | None = None):
+    def damage(path: Path) -> None:
+        meta = json.loads((path / "meta.json").read_text())
+        if name is None:
+            meta.pop(key)
+        else:
+            meta[key].pop(name)
+        (path / "meta.json").write_text(json.dumps(meta))
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    ("damage", "expect"),
+    [
+        (lambda p: (p / "meta.json").unlink(), f"checkpoint{STEP(4)}hasnometa.json(damagedordeleted)"),
+        (_drop_meta_key("files"), "meta.jsonhaslostits`files`list"),
+        (_drop_meta_key("files", "model.safetensors"), "model.safetensorshasnochecksuminmeta.json"),
+    ],
+    ids=["meta_deleted", "files_list_dropped", "files_entry_dropped"],
+)
+def test_damage_to_the_newest_meta_json_falls_back_with_a_notice(run_copy, cli, damage, expect):
+    """64 flipped bytes in model.safetensors besides: a meta.json without its checksums used to resume them at
+    exit 0; a newest checkpoint without meta.json was skipped silently."""
+    newest = run_copy / "checkpoints" / STEP(4)
+    damage(newest)
+    data = bytearray((newest / "model.safetensors").read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
+    (newest / "model.safetensors").write_bytes(bytes(data))
+    code, out, err = cli(*args(run_copy, 3))
+    assert code == 0, err
+    text = flat(out + err)
+    assert expect in text
+    assert f"resumedfrom{run_copy}/checkpoints/{STEP(2)}atstep2" in text
+    assert steps_of(run_copy) == [2, 3]
+    (retired,) = (run_copy / "checkpoints" / "retired").iterdir()
+    assert retired.name.startswith("damaged-") and (retired / STEP(4)).is_dir()
+
+
+def test_a_checkpoint_without_checksums_resumes_with_a_notice(run_copy, cli):
+    """A checkpoint of an older sanarl (no `format`, no `files` in meta.json) still resumes, with a notice that
+    its checksums cannot be verified."""
+    _drop_meta_key("files")(run_copy / "checkpoints" / STEP(4))
+    _drop_meta_key("format")(run_copy / "checkpoints" / STEP(4))
+    code, out, err = cli(*args(run_copy, 5))
+    assert code == 0, err
+    text = flat(out + err)
+    assert f"checkpoint{STEP(4)}recordsnochecksums(writtenbyanoldersanarl)" in text
+    assert f"resumedfrom{run_copy}/checkpoints/{STEP(4)}atstep4" in text
