@@ -222,9 +222,10 @@ class Runner:
         self.acc.wait_for_everyone()
         signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
         if signum:  # it came during the final checkpoint or the export, which were completed
+            written = " and the export were" if self.cfg.train.ckpt.export_safetensors else " was"
             raise Interrupted(
                 f"{signal.Signals(signum).name} during the end of the run: the final checkpoint of step "
-                f"{self.total_steps} and the export were completed first.",
+                f"{self.total_steps}{written} completed first.",
                 signum,
             )
         return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
