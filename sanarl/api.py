@@ -21,7 +21,7 @@ from sanarl.training.exports import recover_export
 from sanarl.training.preflight import check_outputs, preflight
 from sanarl.training.protocol import Task
 from sanarl.training.resume import ResumePlan, apply_plan, plan_resume, refuse_going_back
-from sanarl.training.run_files import disk_full_error, write_file
+from sanarl.training.run_files import disk_full_error, remove_stale_temporaries, write_file
 from sanarl.training.run_lock import run_lock
 from sanarl.training.runner import Runner, RunResult
 from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
@@ -136,6 +136,7 @@ def _start_records(plan: ResumePlan, cfg: Config, run_dir: Path) -> None:
 def _lock_and_plan(held: contextlib.ExitStack, cfg: Config, run_dir: Path, record: dict) -> ResumePlan:
     """Rank 0: take the folder's lock for the run (held until `held` closes), then plan the resume."""
     held.enter_context(run_lock(run_dir, notice=_notice))
+    remove_stale_temporaries(run_dir)
     for line in recover_export(run_dir):
         _notice(line)
     groups = ("model", "ema") if cfg.train.ema_enable else ("model",)

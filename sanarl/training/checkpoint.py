@@ -11,7 +11,8 @@ A checkpoint is written into a hidden staging directory `.staging-*` and renamed
 existing `step_N` (a re-run of a finished run, a rewind) moves the old one aside to `.old-step_N` first, renames the
 new one in, then deletes the old: at every instant either the old or the new checkpoint is whole, and
 `recover_root` (run at start) puts the old one back when a kill came between the two renames. A kill mid-save
-leaves only a `.staging-*` directory, which `recover_root` removes.
+leaves only a `.staging-*` directory, which `recover_root` removes. Rotation renames a checkpoint to
+`.retiring-step_N` before deleting it, so a kill mid-deletion leaves a folder `recover_root` removes too.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from sanarl.errors import UserError
 from sanarl.training.faults import fail_point, pause_point
+from sanarl.training.run_files import is_disk_full
 
 PREFIX = "step_"
 STAGING = ".staging-"
@@ -204,8 +206,7 @@ def _delete(checkpoint: Path) -> None:
 
 def _write_error(target: Path, err: Exception) -> CheckpointError:
     text = getattr(err, "strerror", None) or str(err)
-    full = "No space left" in text or "Disk quota" in text or getattr(err, "errno", None) in (28, 122)
-    what = "disk full" if full else f"cannot write ({text})"
+    what = "disk full" if is_disk_full(err) else f"cannot write ({text})"
     return CheckpointError(
         f"{what} at {target.parent}: checkpoint {target.name} was not written (its staging directory is removed, "
         "the checkpoints already there are intact). Free space there or set `train.output_dir` to a larger "

@@ -91,6 +91,17 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
+REPLACED = ("config.toml", "resumes.jsonl", "metrics.png")
+"""The run files written whole through `replacing` (their temporary files are `.<name>.*.tmp`)."""
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Remove the temporary files a kill left beside the files of REPLACED (the run's start, under its lock)."""
+    for name in REPLACED:
+        for temp in run_dir.glob(f".{name}.*.tmp"):
+            temp.unlink(missing_ok=True)
+
+
 def saved_via_temp(path: Path, save: Callable[[Path], object]) -> None:
     """`save(temp)` (a library writing a whole file by name, e.g. a figure) then the rename over `path`."""
     with replacing(path) as temp:

@@ -191,8 +191,10 @@ def test_a_full_disk_during_the_export_is_exit_2_and_keeps_the_old_export(export
 
 
 def test_a_full_disk_at_the_start_of_a_resume_is_exit_2_and_writes_nothing(run_copy, cli, monkeypatch):
-    """The old code ended in an OSError traceback from resumes.jsonl."""
+    """The old code ended in an OSError traceback from resumes.jsonl. The temporary file a kill left beside
+    config.toml is removed at the start."""
     before = snapshot(run_copy)
+    (run_copy / ".config.toml.k9xq2a.tmp").write_text("left by a kill")
     monkeypatch.setenv("SANARL_TEST_FAIL_AT", "resume_record")
     code, _, err = cli(*args(run_copy, 6))
     assert code == 2 and "Traceback" not in err, err
