@@ -73,12 +73,14 @@ def test_train_is_also_an_explicit_command(run_cli):
 
 
 def test_prompts_outside_the_shapes_grammar_stop_before_any_model_loads(run_cli, tmp_path, monkeypatch):
+    import sanarl.api  # imported before the patch: api binds load_adapter at import, and keeps it past the test
     import sanarl.models
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the prompts were checked")
 
     monkeypatch.setattr(sanarl.models, "load_adapter", no_model)
+    monkeypatch.setattr(sanarl.api, "load_adapter", no_model)
     prompts = tmp_path / "p.txt"
     prompts.write_text("a red circle\na cat on a sofa\n")
     args = (
