@@ -487,9 +487,10 @@ def test_toml_nested_a_thousand_levels_deep_is_exit_2(cli, tmp_path, where):
 
 
 def test_identical_lora_runs_export_identical_files(tmp_path):
-    """PEFT keeps the adapter's target_modules as a set, whose order follows the string hash seed of the process:
-    two identical runs wrote different metadata into the LoRA file. Two runs under different hash seeds now give
-    byte-identical exports."""
+    """PEFT keeps the adapter's target_modules as a set, whose order follows the string hash seed of the process,
+    and the safetensors writer keeps the file's metadata in a hash map of its own: two identical runs wrote
+    different bytes. Two runs under different hash seeds now give byte-identical exports, the metadata entries and
+    the target modules written in sorted order."""
     exports = []
     for seed in ("1", "2"):
         run = tmp_path / f"run{seed}"
@@ -508,5 +509,11 @@ def test_identical_lora_runs_export_identical_files(tmp_path):
         )
         assert proc.returncode == 0, proc.stderr.decode()[-3000:]
         exports.append(snapshot(run / "export"))
-    assert any(name.endswith(".safetensors") for name in exports[0])
     assert exports[0] == exports[1]
+    (lora,) = (tmp_path / "run1" / "export").glob("*.safetensors")
+    raw = lora.read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])  # in the file's order
+    metadata = header["__metadata__"]
+    assert list(metadata) == sorted(metadata)
+    adapter = json.loads(metadata["lora_adapter_metadata"])
+    assert adapter["transformer.target_modules"] == ["to_k", "to_out.0", "to_q", "to_v"]
