@@ -17,9 +17,11 @@ from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
 from sanarl.rewards.preflight import check_reward_prompts
 from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
-from sanarl.training.preflight import preflight
+from sanarl.training.exports import recover_export
+from sanarl.training.preflight import check_outputs, preflight
 from sanarl.training.protocol import Task
-from sanarl.training.resume import ResumePlan, apply_plan, plan_resume
+from sanarl.training.resume import ResumePlan, apply_plan, plan_resume, refuse_going_back
+from sanarl.training.run_files import disk_full_error, remove_stale_temporaries, write_file
 from sanarl.training.run_lock import run_lock
 from sanarl.training.runner import Runner, RunResult
 from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
@@ -75,6 +77,7 @@ def train(
     cfg = loaded.config
     plugin = load_plugin(plugin_spec)
     cls = task_class(cfg)
+    check_outputs(cfg)  # the run's folder and resume, before the data is read
     check_reward_prompts(cfg, plugin)  # the data against the rewards, before any model loads
     preflight_lines = preflight(cfg, plugin, dataset=plugin.get_dataset(cfg))
     acc = _accelerator(MIXED_PRECISION[cfg.train.param_dtype], cpu=on_cpu())
@@ -97,11 +100,11 @@ def train(
         if dry_run:
             return TrainOutcome(cfg, task, None, plan)
         runner = Runner(cfg, task, acc, run_dir, plan=resume, record=record)
-        if acc.is_main_process:
-            prepare_run_dir(cfg.train.output_dir)
-            for line in apply_plan(resume, run_dir / "checkpoints", run_dir):
-                _notice(line)
-            (run_dir / "config.toml").write_text(dump_toml(cfg))  # what runs: allowed resume changes applied
+        limit = f"train.epoch = {cfg.train.epoch} of {task.steps_per_epoch()} steps, train.max_num_steps = "
+        refuse_going_back(
+            resume, runner.total_steps, run_dir / "checkpoints", limit + str(cfg.train.max_num_steps)
+        )
+        _decided_by_main(acc, lambda: _start_records(resume, cfg, run_dir))
         acc.wait_for_everyone()
         return TrainOutcome(cfg, task, runner.run(), plan)
 
@@ -116,11 +119,31 @@ def _plugin_identity(spec: str) -> str:
     return str(path.resolve()) if path.is_file() else spec
 
 
+def _start_records(plan: ResumePlan, cfg: Config, run_dir: Path) -> None:
+    """Rank 0, before the first step: the plan's retirements, resumes.jsonl and config.toml (what runs: allowed
+    resume changes applied), each file replaced whole; a full disk is exit 2 naming the folder."""
+    prepare_run_dir(cfg.train.output_dir)
+    try:
+        for line in apply_plan(plan, run_dir / "checkpoints", run_dir):
+            _notice(line)
+        write_file(run_dir / "config.toml", dump_toml(cfg), fail_at="config_write")
+    except OSError as err:
+        raise disk_full_error(
+            run_dir, "the run did not start (config.toml and resumes.jsonl are whole; no step was taken)", err
+        ) from None
+
+
 def _lock_and_plan(held: contextlib.ExitStack, cfg: Config, run_dir: Path, record: dict) -> ResumePlan:
     """Rank 0: take the folder's lock for the run (held until `held` closes), then plan the resume."""
     held.enter_context(run_lock(run_dir, notice=_notice))
+    remove_stale_temporaries(run_dir)
+    for line in recover_export(run_dir):
+        _notice(line)
     groups = ("model", "ema") if cfg.train.ema_enable else ("model",)
     plan = plan_resume(cfg.train.resume, run_dir / "checkpoints", groups, record["config"], record["plugin"])
+    steps = cfg.train.max_num_steps
+    if steps is not None:  # before any model loads (the epochs' cap is checked once the task knows its data)
+        refuse_going_back(plan, steps, run_dir / "checkpoints", f"train.max_num_steps = {steps}")
     for line in plan.notices:
         _notice(line)
     return plan

@@ -191,8 +191,7 @@ def _validate(
     from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.models.tiny import check_tiny_name
     from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
-    from sanarl.training.preflight import preflight
-    from sanarl.training.setup import check_writable
+    from sanarl.training.preflight import check_outputs, preflight
 
     path = resolve_preset_path(config)
     loaded = load_config(path, overrides or [])
@@ -201,9 +200,13 @@ def _validate(
         from sanarl.tools.capacity.accelerators import accelerator
 
         accelerator(capacity[0])
-    check_writable(cfg.train.output_dir)
+    check_outputs(cfg, verify=True)
     if cfg.policy.model_name_or_path.startswith(TINY_PREFIX):
         check_tiny_name(cfg.policy.model_name_or_path[len(TINY_PREFIX) :])
+    if capacity is None:  # this machine's memory, refused as `train` refuses it (the options print the plan)
+        from sanarl.tools.capacity.fit import check_fits_machine
+
+        check_fits_machine(cfg)  # before the data: a sample of an absurd size is never rendered
     world_size = world_size or planned_world_size(loaded.cosmos)
     plugin = load_plugin(plugin_spec, notice=_note_out)
     cls = task_class(cfg)

@@ -133,7 +133,7 @@ class RolloutConfig:
     """Sol-RL rollout family: diffusionnft (K per prompt) | naive_scaling (M drafts, keep K) | compile (M drafts from
     a torch.compile'd merged copy, keep K) | naive_quant (M drafts from a quantized copy, keep K) | sol_rl
     (quantized preview of M drafts at preview_step steps, keep K seeds, regenerate them at full precision)."""
-    num_candidates: int = 0
+    num_candidates: Annotated[int, AtLeast(0, "0 = n_generation")] = 0
     """M: drafts per prompt for the multi-candidate families (0 = n_generation, i.e. no search)."""
     selection: Selection = "best_worst"
     """How K of M drafts are kept: best_worst | random | mean_deviation | extremes_random (Sol-RL's: argmax and argmin,

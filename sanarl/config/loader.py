@@ -16,8 +16,9 @@ table is that argument everywhere: `sanarl.methods.loading` binds it (docs/archi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,12 +97,14 @@ def loads_config(
 ) -> LoadedConfig:
     """Like `load_config` but from TOML text; `source` only names the text in messages."""
     ctx = Context(where=str(source), text=text)
-    cfg = ENGINE.build(ENGINE.parse_toml(text, ctx.where), ctx)
+    with _too_deep(f"config file `{source}`"):
+        cfg = ENGINE.build(ENGINE.parse_toml(text, ctx.where), ctx)
     if isinstance(source, Path):  # relative input paths: the preset's against its file (presets.py)
         cfg = anchor_paths(cfg, anchor_dir(source))
-    cfg = apply_overrides(
-        cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.dropped, given=ctx.given
-    )
+    with _too_deep("a `--set` value"):
+        cfg = apply_overrides(
+            cfg, overrides, ignored=ctx.ignored, notes=ctx.notes, cosmos=ctx.dropped, given=ctx.given
+        )
     if isinstance(source, Path):  # ... and --set values against the current directory
         cfg = anchor_paths(cfg, Path.cwd())
     cosmos_notes = [
@@ -119,6 +122,19 @@ def loads_config(
         cosmos=ctx.dropped,
         given=ctx.given,
     )
+
+
+@contextlib.contextmanager
+def _too_deep(what: str) -> Iterator[None]:
+    """A TOML text nested hundreds of levels deep (arrays or inline tables) exhausts Python's recursion in the
+    parser: bad input naming `what`, not a RecursionError traceback."""
+    try:
+        yield
+    except RecursionError:
+        raise ConfigError(
+            f"{what} nests arrays or tables too deeply to read (hundreds of levels; a config needs a few): "
+            "remove the nesting."
+        ) from None
 
 
 def apply_overrides(
@@ -177,8 +193,9 @@ def _check(cfg: Config, methods: MethodTable) -> list[str]:
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as plain nested dicts/lists (JSON-serialisable; None values kept, e.g. for trackers)."""
-    return dataclasses.asdict(cfg)
+    """The config as plain nested dicts/lists (JSON-serialisable; None values kept, e.g. for trackers), secrets
+    masked (`toml_dump.mask_secrets`): what meta.json and the trackers record."""
+    return toml_dump.mask_secrets(dataclasses.asdict(cfg))
 
 
 def dump_toml(cfg: Config) -> str:

@@ -48,6 +48,9 @@ MAX_SEED = 2**32 - 1
 """The largest `train.seed` (per-step seeds add the step and rank to it; numpy takes 32-bit seeds)."""
 MAX_LR = 1.0
 """The largest `train.optm_lr` accepted (inf, nan and absurd values fail validation, not the run)."""
+MAX_SAMPLE_STEPS = 1000
+"""The most sampling steps accepted: the diffusion schedules train on 1000 timesteps, so more steps add nothing
+(and a typo of 100000000 would fill the memory with per-step state hours into a run)."""
 
 
 @dataclass
@@ -81,9 +84,11 @@ class LoraConfig:
 class SampleConfig:
     """`[policy.diffusers.sample]`: how images are generated (rollout, validation, eval)."""
 
-    num_steps: Annotated[int, AtLeast(1)] = 20
+    num_steps: Annotated[int, Within(1, MAX_SAMPLE_STEPS, hint="the 1000 timesteps models train on")] = 20
     """Sampling steps for rollouts (RL) and training-time samples."""
-    eval_num_steps: Annotated[int, AtLeast(1)] = 20
+    eval_num_steps: Annotated[int, Within(1, MAX_SAMPLE_STEPS, hint="the 1000 timesteps models train on")] = (
+        20
+    )
     """Sampling steps for validation and `sanarl eval`."""
     guidance_scale: Annotated[float, AtLeast(0)] = 1.0
     """Classifier-free guidance weight w (v = v_u + w (v_c - v_u)); 1.0 = CFG off (one forward per step)."""

@@ -1,7 +1,7 @@
 """Write a dataclass config tree back as TOML text that the engine reads back to an equal tree.
 
 Every section is written (defaults included), None values and absent optional tables are omitted, lists of
-sections become arrays of tables.
+sections become arrays of tables. Secrets (SECRET_KEYS: a reward's `endpoint_api_key`) are written masked.
 """
 
 from __future__ import annotations
@@ -10,6 +10,24 @@ import math
 import re
 from dataclasses import fields, is_dataclass
 from typing import Any
+
+SECRET_KEYS = frozenset({"endpoint_api_key"})
+"""Keys whose values are secrets (a reward's bearer key): `mask_secrets` writes MASK in their place."""
+MASK = "<masked>"
+
+
+def mask_secrets(value: Any) -> Any:
+    """`value` (nested dicts / lists) with every non-empty string under a SECRET_KEYS key replaced by MASK: what a
+    run writes to config.toml, meta.json and the tracker (docs/reliability.md, "Secrets")."""
+    if isinstance(value, dict):
+        return {
+            k: MASK if k in SECRET_KEYS and isinstance(v, str) and v else mask_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [mask_secrets(v) for v in value]
+    return value
+
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
@@ -56,7 +74,7 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        items = (f"{toml_key(str(k))} = {toml_value(v)}" for k, v in value.items())
+        items = (f"{toml_key(str(k))} = {toml_value(v)}" for k, v in mask_secrets(value).items())
         return "{ " + ", ".join(items) + " }" if value else "{}"
     raise TypeError(f"cannot write {type(value).__name__} as TOML: {value!r}")
 

@@ -359,8 +359,33 @@ class DiffusionAdapter(ABC):
         """Write a diffusers-loadable LoRA file (`pipe.load_lora_weights(dir)`) with the "default" adapter's peft
         config as metadata, so loading restores its `lora_alpha / r` scale (without it diffusers assumes alpha = r)."""
         config = getattr(self.trainable_module(), "peft_config", {}).get("default")
+        metadata = None
+        if (
+            config is not None
+        ):  # peft keeps target_modules as a set: sorted, identical runs give identical files
+            metadata = {
+                k: sorted(v) if isinstance(v, set | frozenset) else v for k, v in config.to_dict().items()
+            }
         self.pipeline_cls.save_lora_weights(
-            str(directory),
-            transformer_lora_layers=state_dict,
-            transformer_lora_adapter_metadata=None if config is None else config.to_dict(),
+            str(directory), transformer_lora_layers=state_dict, transformer_lora_adapter_metadata=metadata
         )
+        for file in sorted(Path(directory).glob("*.safetensors")):
+            sort_safetensors_metadata(file)
+
+
+def sort_safetensors_metadata(path: Path) -> None:
+    """Rewrite the header of safetensors file `path` with its `__metadata__` entries in sorted order, the tensor
+    bytes untouched. The Rust writer keeps that mapping in a hash map whose order changes from process to process,
+    so two identical runs would otherwise write different bytes."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    if not isinstance(header.get("__metadata__"), dict):
+        return
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned, as the writer pads it
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length :])

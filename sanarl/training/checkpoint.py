@@ -11,7 +11,8 @@ A checkpoint is written into a hidden staging directory `.staging-*` and renamed
 existing `step_N` (a re-run of a finished run, a rewind) moves the old one aside to `.old-step_N` first, renames the
 new one in, then deletes the old: at every instant either the old or the new checkpoint is whole, and
 `recover_root` (run at start) puts the old one back when a kill came between the two renames. A kill mid-save
-leaves only a `.staging-*` directory, which `recover_root` removes.
+leaves only a `.staging-*` directory, which `recover_root` removes. Rotation renames a checkpoint to
+`.retiring-step_N` before deleting it, so a kill mid-deletion leaves a folder `recover_root` removes too.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ from safetensors.torch import load_file, save_file
 
 from sanarl.errors import UserError
 from sanarl.training.faults import fail_point, pause_point
+from sanarl.training.run_files import is_disk_full
 
 PREFIX = "step_"
 STAGING = ".staging-"
 ASIDE = ".old-"
+RETIRING = ".retiring-"
+"""Rotation renames a checkpoint to `.retiring-step_N` before deleting it; `recover_root` finishes a killed deletion."""
+FORMAT = 2
+"""meta.json's `format`: 2 = its `files` list holds the checksum of every other file (older checkpoints: none)."""
 RETIRED = "retired"
 """Checkpoints a run no longer uses (damaged, or of an abandoned timeline) move to `checkpoints/retired/...`."""
 
@@ -115,7 +121,7 @@ def _write_staging(
     for path in sorted(staging.iterdir()):  # read back from the page cache
         files[path.name] = file_sha256(path)
     with (staging / "meta.json").open("w") as fh:
-        json.dump({**meta, "files": files}, fh, indent=2)
+        json.dump({**meta, "format": FORMAT, "files": files}, fh, indent=2)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -131,15 +137,16 @@ def umask_modes(root: Path) -> None:
             path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def _swap_in(staging: Path, target: Path) -> None:
-    """Rename `staging` to `target`; an existing `target` is moved aside first and deleted after."""
+def swap_in(staging: Path, target: Path, pause: str = "checkpoint_swap") -> None:
+    """Rename `staging` to `target`; an existing `target` is moved aside (to `.old-<name>`) first and deleted
+    after. `pause`: the fault point between the two renames."""
     aside = target.with_name(ASIDE + target.name)
     if aside.exists() and not target.exists():  # a killed swap that recover_root has not repaired
         os.replace(aside, target)
     shutil.rmtree(aside, ignore_errors=True)
     if target.exists():
         os.replace(target, aside)
-        pause_point("checkpoint_swap")
+        pause_point(pause)
     os.replace(staging, target)
     shutil.rmtree(aside, ignore_errors=True)
     _fsync_dir(target.parent)
@@ -175,21 +182,31 @@ def save_checkpoint(
     try:
         _write_staging(staging, tensors, torch_state, {**meta, "step": step}, extras or {})
         umask_modes(staging)
-        _swap_in(staging, target)
+        swap_in(staging, target)
     except (OSError, SafetensorError) as err:
         raise _write_error(target, err) from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if max_keep > 0:
         for old in list_checkpoints(root)[:-max_keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old)
     return target
+
+
+def _delete(checkpoint: Path) -> None:
+    """Delete a checkpoint so that a kill at any point leaves either it whole or a `.retiring-` folder that
+    `recover_root` removes: renamed first, its meta.json deleted next, the rest last."""
+    gone = checkpoint.with_name(RETIRING + checkpoint.name)
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(checkpoint, gone)
+    (gone / "meta.json").unlink(missing_ok=True)
+    pause_point("rotation_delete")
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _write_error(target: Path, err: Exception) -> CheckpointError:
     text = getattr(err, "strerror", None) or str(err)
-    full = "No space left" in text or "Disk quota" in text or getattr(err, "errno", None) in (28, 122)
-    what = "disk full" if full else f"cannot write ({text})"
+    what = "disk full" if is_disk_full(err) else f"cannot write ({text})"
     return CheckpointError(
         f"{what} at {target.parent}: checkpoint {target.name} was not written (its staging directory is removed, "
         "the checkpoints already there are intact). Free space there or set `train.output_dir` to a larger "
@@ -232,7 +249,13 @@ def verify_checkpoint(path: Path, groups: tuple[str, ...] = ("model",)) -> str |
         if not (path / name).is_file():
             return f"{path / name} is missing"
     if not isinstance(files, dict):
+        if _format(meta) >= FORMAT:
+            return f"{path / 'meta.json'} has lost its `files` list (the checksums this sanarl records)"
         return _legacy_problem(path)
+    weights = {p.name for p in path.iterdir() if p.suffix in (".safetensors", ".pt")}
+    for name in sorted(weights | set(needed)):
+        if name not in files:
+            return f"{path / name} has no checksum in meta.json (its entry in `files` is gone)"
     for name, digest in files.items():
         file = path / name
         if not file.is_file():
@@ -240,6 +263,22 @@ def verify_checkpoint(path: Path, groups: tuple[str, ...] = ("model",)) -> str |
         if file_sha256(file) != digest:
             return f"{file} does not match its checksum in meta.json (damaged or replaced)"
     return None
+
+
+def _format(meta: dict[str, Any]) -> int:
+    value = meta.get("format", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else FORMAT
+
+
+def unverified_notice(path: Path) -> str | None:
+    """The notice for a checkpoint whose files cannot be checked against checksums (an older sanarl's: its
+    meta.json has no `files` list), None when they can."""
+    if isinstance(read_meta(path).get("files"), dict):
+        return None
+    return (
+        f"checkpoint {path.name} records no checksums (written by an older sanarl): its files are checked for "
+        "structure only, damage inside a tensor cannot be found"
+    )
 
 
 def _legacy_problem(path: Path) -> str | None:
@@ -321,13 +360,36 @@ def recover_root(root: Path) -> list[str]:
         else:
             os.replace(aside, target)
             notices.append(f"restored {target} (a save that replaced it was killed mid-way)")
-    for staging in root.glob(STAGING + "*"):
+    for staging in [*root.glob(STAGING + "*"), *root.glob(RETIRING + "*")]:
         shutil.rmtree(staging, ignore_errors=True)
-        notices.append(f"removed {staging} (an interrupted save)")
-    for step_dir in root.glob(PREFIX + "*"):
-        if step_dir.is_dir() and not any(step_dir.iterdir()):
+        what = "an interrupted save" if staging.name.startswith(STAGING) else "a deletion cut short by a kill"
+        notices.append(f"removed {staging} ({what})")
+    return notices + _without_meta(root)
+
+
+def _without_meta(root: Path) -> list[str]:
+    """`step_N` folders without meta.json: empty ones and those older than the newest checkpoint (what a kill
+    inside an older sanarl's rotation left) are removed; a newer one is damage, moved to retired/ (notices)."""
+    listed = list_checkpoints(root)
+    newest = checkpoint_step(listed[-1]) if listed else -1
+    notices, damaged = [], []
+    for step_dir in sorted(root.glob(PREFIX + "*")):
+        step = checkpoint_step(step_dir)
+        if not step_dir.is_dir() or step is None or (step_dir / "meta.json").exists():
+            continue
+        if not any(step_dir.iterdir()):
             step_dir.rmdir()
             notices.append(f"removed the empty {step_dir}")
+        elif step < newest:
+            shutil.rmtree(step_dir, ignore_errors=True)
+            notices.append(f"removed {step_dir}: it has no meta.json (a deletion by rotation cut short)")
+        else:
+            damaged.append(step_dir)
+    folder = retire(damaged, root, "damaged")
+    notices += [
+        f"checkpoint {p.name} has no meta.json (damaged or deleted): it is not resumed from and moves to {folder}"
+        for p in damaged
+    ]
     return notices
 
 

@@ -73,7 +73,7 @@ class Checkpointer:
                 plot_run_metrics(self.run_dir)
             except CheckpointError as err:
                 error = str(err)
-        error = self._from_main(error)
+        error = self.from_main(error)
         if error:
             raise CheckpointError(error)
         self.last_save = time.monotonic()
@@ -108,7 +108,7 @@ class Checkpointer:
             component.restore(path, step)
         return step
 
-    def _from_main(self, value: Any) -> Any:
+    def from_main(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (a barrier too)."""
         if self.acc.num_processes == 1:
             return value

@@ -4,9 +4,14 @@
 file `SANARL_TEST_PAUSE_FILE` (when set) and sleeps, so the test can kill it exactly there.
 `SANARL_TEST_FAIL_AT=<point>`: an `OSError(ENOSPC)` is raised at `<point>` (a full disk, without filling one).
 
-Points: `checkpoint_write` (inside the staging directory, a tensor file written), `checkpoint_swap` (an existing
-checkpoint moved aside, the new one not yet in place), `metrics_rewrite` (the trimmed metrics.jsonl written to its
-temporary file, not yet in place), `step_<N>` (step N logged, its checkpoint not yet written).
+Pause points: `step_<N>` (step N logged, its checkpoint not yet written), `checkpoint_swap` (an existing
+checkpoint moved aside, the new one not yet in place), `rotation_delete` (a rotated-out checkpoint renamed to
+`.retiring-*` and its meta.json deleted, the rest not yet), `metrics_rewrite` (the trimmed metrics.jsonl written to
+its temporary file, not yet in place), `export_staged` (the new export complete in its staging folder),
+`export_swap` (the old export moved aside, the new one not yet in place).
+Failure points: `checkpoint_write` (inside the staging directory, a tensor file written), `export_write` (the
+export written into its staging folder), `resume_record` (resumes.jsonl's new content in its temporary file),
+`config_write` (config.toml's new content in its temporary file).
 """
 
 from __future__ import annotations

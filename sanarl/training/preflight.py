@@ -1,6 +1,7 @@
 """What a run would reject after loading its models, found before: `sanarl validate` and the start of a run call
 `preflight` (no model loads, nothing is written). Each failure is a UserError (exit code 2) naming the key and the
-fix: an output directory that cannot be written, a logger that is not installed, in-process reward weights that
+fix: an output directory that cannot be written, a `train.resume` that names no checkpoint or one past the run's
+`train.max_num_steps`, a logger that is not installed, in-process reward weights that
 are not on this machine, an unset REMOTE_REWARD_* variable or a reward service that does not answer or refuses the
 token, and a plugin whose samples do not have the preset's size.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sanarl.config.plugins import plugin_label
@@ -18,6 +20,14 @@ from sanarl.errors import DataError, UserError, WeightsError
 from sanarl.rewards.registry import build_reward
 from sanarl.rewards.remote import RemoteRewardFunction
 from sanarl.rewards.weights import env_hub_offline, local_only
+from sanarl.training.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    read_meta,
+    resolve_resume,
+    verify_checkpoint,
+)
+from sanarl.training.resume import ResumePlan, refuse_going_back
 from sanarl.training.setup import check_writable
 
 LOGGER_MODULES = {"wandb": ("wandb", "wandb"), "tensorboard": ("torch.utils.tensorboard", "tensorboard")}
@@ -29,13 +39,45 @@ def preflight(cfg: Config, plugin: Any = None, *, dataset: Any = None, strict: b
     `dataset` (the plugin's training set) is read for its first item's shape when given. `strict` False turns
     what only the training machine must have (logger packages, reward weights, the reward service) into
     warnings: `sanarl validate` where the model's own weights are missing too checks a preset, not this machine."""
-    check_writable(cfg.train.output_dir)
+    check_outputs(cfg)
     lines = _machine_check(check_loggers, cfg, strict)
     lines += check_reward_weights(cfg, required=strict)
     lines += _machine_check(check_reward_service, cfg, strict)
     if dataset is not None and plugin is not None:
         check_sample_shape(cfg, plugin, dataset)
     return lines
+
+
+def check_outputs(cfg: Config, *, verify: bool = False) -> None:
+    """The checks of the run's folder, from the config alone (before the data is read): `train.output_dir` can be
+    written, and `check_resume` (`verify`: with checksums, as `sanarl validate` runs it)."""
+    check_writable(cfg.train.output_dir)
+    check_resume(cfg, verify=verify)
+
+
+def check_resume(cfg: Config, *, verify: bool = False) -> None:
+    """`train.resume` names a checkpoint (a path that holds none is refused), and the one the run would resume
+    from is not past `train.max_num_steps` (a resume never goes back: `resume.refuse_going_back`). With
+    `train.resume = true` that is the newest intact checkpoint: found when `verify` (every checksum read), else
+    left to the run's resume plan, which verifies them anyway."""
+    root = Path(cfg.train.output_dir).expanduser().absolute() / "checkpoints"
+    try:
+        found = resolve_resume(cfg.train.resume, root)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    steps = cfg.train.max_num_steps
+    if found is None or steps is None or (cfg.train.resume is True and not verify):
+        return
+    groups = ("model", "ema") if cfg.train.ema_enable else ("model",)
+    for path in list(reversed(list_checkpoints(root))) if cfg.train.resume is True else [found]:
+        if verify and verify_checkpoint(path, groups) is not None:
+            continue  # damaged: `train.resume = true` falls back to an older one
+        try:
+            step = int(read_meta(path)["step"])
+        except CheckpointError:
+            return  # damaged: the run's resume plan names it
+        refuse_going_back(ResumePlan(path=path, step=step), steps, root, f"train.max_num_steps = {steps}")
+        return
 
 
 def _machine_check(check: Callable[[Config], list[str] | None], cfg: Config, strict: bool) -> list[str]:

@@ -25,8 +25,10 @@ from sanarl.training.checkpoint import (
     recover_root,
     resolve_resume,
     retire,
+    unverified_notice,
     verify_checkpoint,
 )
+from sanarl.training.run_files import write_file
 
 
 @dataclass
@@ -74,6 +76,9 @@ def plan_resume(
         plan.path = designated
     meta = read_meta(plan.path)
     plan.step = int(meta["step"])
+    unverified = unverified_notice(plan.path)
+    if unverified:
+        plan.notices.append(unverified)
     branch = resume is not True
     plan.changes = _checked_changes(plan.path, meta, config, plugin, branch)
     if branch:
@@ -142,6 +147,31 @@ def _checked_changes(
     return allowed
 
 
+def refuse_going_back(plan: ResumePlan, total_steps: int, root: Path, limit: str) -> None:
+    """A resume never goes back: a checkpoint past the run's `total_steps` (a shorter re-run into the folder of a
+    longer one) would end at once and overwrite step `total_steps`'s checkpoint and the export with its later
+    weights. `limit` says what sets `total_steps`.
+
+    Raises:
+        UserError: naming the checkpoint's step and the ways out; nothing is written.
+    """
+    if plan.path is None or plan.step <= total_steps:
+        return
+    earlier = [p for p in list_checkpoints(root) if (checkpoint_step(p) or 0) <= total_steps]
+    rewind = (
+        f'rewind to an earlier checkpoint with `train.resume = "{earlier[-1]}"`, '
+        if earlier and earlier[-1] != plan.path
+        else ""
+    )
+    raise UserError(
+        f"{plan.path} is at step {plan.step}, past the {total_steps} steps this run plans ({limit}): a resume "
+        f"cannot go back, and finishing here would overwrite step {total_steps}'s checkpoint and the export with "
+        f"step {plan.step}'s weights. To continue that run set `train.max_num_steps` to at least {plan.step} (or "
+        f"raise `train.epoch`); for a shorter run {rewind}give it another `train.output_dir`, or start fresh with "
+        "`train.resume = false` (this folder's checkpoints then move to checkpoints/retired/). Nothing was written."
+    )
+
+
 def apply_plan(plan: ResumePlan, root: Path, run_dir: Path) -> list[str]:
     """Retire the plan's damaged and abandoned checkpoints and append the resume to `resumes.jsonl` (with the
     allowed config changes it applied); returns notices."""
@@ -157,8 +187,9 @@ def apply_plan(plan: ResumePlan, root: Path, run_dir: Path) -> list[str]:
             "step": plan.step,
             "changed": {k: {"old": v[0], "new": v[1]} for k, v in plan.changes.items()},
         }
-        with (run_dir / "resumes.jsonl").open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        log = run_dir / "resumes.jsonl"
+        before = log.read_bytes() if log.is_file() and not log.is_symlink() else b""
+        write_file(log, before + (json.dumps(record) + "\n").encode(), fail_at="resume_record")
         for key, (old, new) in plan.changes.items():
             notices.append(f"resume changes `{key}`: {old!r} -> {new!r}")
     return notices

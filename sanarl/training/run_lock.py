@@ -1,7 +1,8 @@
 """One run per output folder: an exclusive `fcntl.flock` on `<output_dir>/.lock`, held for the whole run.
 
 The lock holder writes its pid (and host) into the file. The kernel drops the lock when the process dies, however
-it dies (kill -9 included), so a stale lock file never blocks the next run. A second run into a locked folder stops
+it dies (kill -9 included), so a stale lock file never blocks the next run. A symbolic link at the lock's name is
+refused (exit code 2): opening through it would truncate its target. A second run into a locked folder stops
 with exit code 2 naming the holder. On file systems without flock support (some network mounts) the lock degrades
 to a notice.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from sanarl.errors import UserError
 from sanarl.training.folders import make_dir
+from sanarl.training.run_files import link_error
 
 LOCK_NAME = ".lock"
 
@@ -29,7 +31,12 @@ def run_lock(run_dir: Path, notice=print) -> Iterator[None]:
     created = not run_dir.exists()
     make_dir(run_dir, f"train.output_dir = {str(run_dir)!r}")
     path = run_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link planted at the name: it would truncate the link's target
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise link_error(path) from None
+        raise
     try:
         if _acquire(fd, path, notice):
             os.ftruncate(fd, 0)

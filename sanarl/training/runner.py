@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,10 +37,11 @@ from sanarl.config.schema import Config
 from sanarl.errors import Interrupted, UserError
 from sanarl.rewards.combine import RewardFailure
 from sanarl.rewards.scoring import build_rewards
-from sanarl.training.checkpoint import resolve_resume, umask_modes
+from sanarl.training.checkpoint import resolve_resume
 from sanarl.training.checkpointer import Checkpointer
 from sanarl.training.data_order import step_generator
 from sanarl.training.distributed import full_parameters, is_fsdp, rank0_minutes_passed, reduce_metrics, scalar
+from sanarl.training.exports import write_export
 from sanarl.training.faults import pause_point
 from sanarl.training.progress import StepProgress
 from sanarl.training.protocol import Task, planned_steps, run_settings
@@ -168,12 +170,16 @@ class Runner:
             self._diverged(
                 self.total_steps, f"the weights hold inf / nan before the export of step {self.total_steps}"
             )
+        error = ""
         with self.state.ema_weights(), full_parameters(self.wrapped):
             if self.acc.is_main_process:
-                target.mkdir(parents=True, exist_ok=True)
-                self.task.export(target)
-                umask_modes(target)
-        self.acc.wait_for_everyone()
+                try:  # staged, then renamed over the old export (exports.py)
+                    write_export(self.run_dir, self.task.export)
+                except UserError as err:
+                    error = str(err)
+        error = self.checkpoints.from_main(error)  # a full disk stops every rank
+        if error:
+            raise UserError(error)
         return target if self.acc.is_main_process else None
 
     # --- the loop -----------------------------------------------------------------------------------------------
@@ -200,8 +206,6 @@ class Runner:
     def _stop_on_signal(self, done: int, signum: int, logger: MetricsLogger) -> None:
         """SIGINT / SIGTERM: a final checkpoint of step `done` on every rank, then (validation on) the grid of the
         weights it holds, then `Interrupted`."""
-        import signal
-
         self.checkpoints.save(done)
         if self.cfg.validation.enable:
             self.validation.sample(done, logger)
@@ -223,6 +227,14 @@ class Runner:
         metrics, stopped = self._train_loop(logger)
         export_dir = self._finish(logger, stopped)
         self.acc.wait_for_everyone()
+        signum = self.stops.agreed(self.acc.device, self.acc.num_processes)
+        if signum:  # it came during the final checkpoint or the export, which were completed
+            written = " and the export were" if self.cfg.train.ckpt.export_safetensors else " was"
+            raise Interrupted(
+                f"{signal.Signals(signum).name} during the end of the run: the final checkpoint of step "
+                f"{self.total_steps}{written} completed first.",
+                signum,
+            )
         return RunResult(self.run_dir, self.total_steps, metrics, export_dir)
 
     def _open_logger(self) -> MetricsLogger:

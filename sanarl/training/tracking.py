@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sanarl.training.faults import pause_point
+from sanarl.training.run_files import append_line, saved_via_temp
 
 
 class MetricsLogger:
@@ -85,8 +86,7 @@ class MetricsLogger:
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "elapsed_s": round(time.monotonic() - self._began, 3),
         }
-        with self.path.open("a") as fh:
-            fh.write(json.dumps({"step": step, **stamp, **clean}) + "\n")
+        append_line(self.path, json.dumps({"step": step, **stamp, **clean}))  # never through a link
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
         if self._tb is not None:
@@ -220,6 +220,6 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path | N
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    saved_via_temp(out_png, lambda temp: fig.savefig(temp, dpi=110, format=out_png.suffix[1:] or "png"))
     plt.close(fig)
     return out_png

@@ -73,7 +73,7 @@ def test_train_is_also_an_explicit_command(run_cli):
 
 
 def test_prompts_outside_the_shapes_grammar_stop_before_any_model_loads(run_cli, tmp_path, monkeypatch):
-    import sanarl.api
+    import sanarl.api  # imported before the patch: api binds load_adapter at import, and keeps it past the test
     import sanarl.models
 
     def no_model(*args, **kwargs):

@@ -25,15 +25,18 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from sanarl.config.toml_dump import MASK
 from sanarl.errors import ConfigError
 from sanarl.rewards.model_reward import parse_batch_size
 from sanarl.rewards.scorers.vlm import qwen, vision
@@ -96,13 +99,57 @@ DECODINGS = ("greedy", "generation_config")
 """In-process decoding: greedy, or the checkpoint's generation config."""
 
 
+def endpoint_key(reward: str, key: str, env: str, file: str) -> str:
+    """The endpoint's bearer key from one of the options `endpoint_api_key` (the key), `endpoint_api_key_env` (an
+    environment variable's name) or `endpoint_api_key_file` (a file's path; surrounding whitespace dropped).
+
+    Raises:
+        ConfigError: more than one is set, the variable or file is missing or empty, or the key is the mask a
+            run's config.toml holds in its place.
+    """
+    given = [
+        n
+        for n, v in (
+            ("endpoint_api_key", key),
+            ("endpoint_api_key_env", env),
+            ("endpoint_api_key_file", file),
+        )
+        if v
+    ]
+    where = f"reward {reward!r}: option"
+    if len(given) > 1:
+        raise ConfigError(f"{where}s {', '.join(given)} each give the endpoint key: keep one.")
+    if key == MASK:
+        raise ConfigError(
+            f"{where} endpoint_api_key is {MASK!r}: the key was masked when the run's config.toml was written "
+            '(a run never writes it). Give it with endpoint_api_key_env = "VARIABLE" or endpoint_api_key_file = '
+            '"PATH" (docs/rewards.md), or set endpoint_api_key again.'
+        )
+    if env:
+        key = os.environ.get(env, "")
+        if not key:
+            raise ConfigError(
+                f"{where} endpoint_api_key_env = {env!r}: that environment variable is not set."
+            )
+    if file:
+        try:
+            key = Path(file).expanduser().read_text().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{where} endpoint_api_key_file = {file!r} cannot be read ({err}).") from None
+        if not key:
+            raise ConfigError(f"{where} endpoint_api_key_file = {file!r} is empty.")
+    return key
+
+
 class UnifiedReward(qwen.VlmReward):
     """UnifiedReward's 1-5 judgement of images `[B, 3, H, W]` in [0, 1], scaled to [0, 1] (see the module doc).
 
     Args:
         model: in-process model directory or Hub id (used when endpoint_url is empty).
         endpoint_url: an OpenAI-compatible base URL (e.g. http://host:8000/v1); set = judge through it.
-        endpoint_api_key: its bearer key ("" = none).
+        endpoint_api_key: its bearer key ("" = none); or endpoint_api_key_env (the name of an environment
+            variable holding it) or endpoint_api_key_file (a file holding it): a run writes the key itself only
+            masked (config.toml, meta.json), so a config.toml rerun needs one of these two.
         endpoint_model: the model name the endpoint serves.
         question: "flow_grpo" (Cosmos-RL's) | "elements" (UnifiedReward's point-score prompt).
         max_new_tokens: longest in-process answer; timeout_s, max_concurrency: endpoint requests.
@@ -128,6 +175,8 @@ class UnifiedReward(qwen.VlmReward):
         dtype: str = "auto",
         batch_size: int = 4,
         decoding: str = "greedy",
+        endpoint_api_key_env: str = "",
+        endpoint_api_key_file: str = "",
     ) -> None:
         super().__init__(device, dtype, parse_batch_size(batch_size, self.name))
         if decoding not in DECODINGS:
@@ -156,7 +205,7 @@ class UnifiedReward(qwen.VlmReward):
         self.model_name, self.question = str(model), question
         self.endpoint_url, self.endpoint_api_key, self.endpoint_model = (
             endpoint_url.rstrip("/"),
-            endpoint_api_key,
+            endpoint_key(self.name, endpoint_api_key, endpoint_api_key_env, endpoint_api_key_file),
             endpoint_model,
         )
         self.max_new_tokens, self.timeout_s, self.max_concurrency = (
