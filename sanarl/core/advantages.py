@@ -1,5 +1,5 @@
-"""Advantages and reward combination (docs/algorithms.md, "Advantages and reward
-combination", and the NFT `adv_mode` of "DiffusionNFT").
+"""Advantages (docs/algorithms.md, "Advantages and reward combination", and the NFT `adv_mode` of "DiffusionNFT");
+the rewards are combined, weights included, in sanarl/rewards/combine.py.
 
 Everything here is a pure function of tensors (plus one small stateful tracker whose state is only the statistics
 of its last call). NaN rewards are never handled silently: `nan_mask` finds them, and callers drop those samples
@@ -9,9 +9,7 @@ of its last call). NaN rewards are never handled silently: `nan_mask` finds them
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
 
 import torch
 
@@ -126,102 +124,3 @@ def nft_adv_transform(adv: torch.Tensor, mode: str, clip_max: float) -> torch.Te
 def nan_mask(total: torch.Tensor) -> torch.Tensor:
     """Bool mask `[B]`, true where `total` `[B]` is NaN. Callers drop these samples before computing advantages."""
     return torch.isnan(total)
-
-
-class RewardSpecLike(Protocol):
-    """Anything with the fields of `[[train.train_policy.remote_reward.reward_fns]]` (e.g. RewardFnConfig)."""
-
-    name: str
-    weight: float
-    score_key: str
-    clip_min: float | None
-    clip_max: float | None
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """One reward of the weighted sum: `clamp(scores[score_key], clip_min, clip_max) * weight`.
-
-    An empty `score_key` means the reward's own name is the key.
-    """
-
-    name: str
-    weight: float = 1.0
-    score_key: str = ""
-    clip_min: float | None = None
-    clip_max: float | None = None
-
-
-class MissingScoreKeyError(KeyError, ValueError):
-    """A reward's score_key is absent from the scores. A KeyError for dict-like callers, a ValueError otherwise."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-def _clamp_optional(x: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
-    if low is not None and high is not None and low > high:
-        raise ValueError(f"reward clip range is empty: min={low} > max={high}; swap or fix the bounds.")
-    if low is None and high is None:
-        return x
-    return x.clamp(min=low, max=high)
-
-
-def _score_of(scores: Mapping[str, torch.Tensor], spec: RewardSpecLike) -> torch.Tensor:
-    key = spec.score_key or spec.name
-    if key not in scores:
-        raise MissingScoreKeyError(
-            f"reward {spec.name!r} reads score key {key!r}, which its scorer did not return; available keys: "
-            f"{sorted(scores)}. Set score_key of this reward_fns entry to one of them."
-        )
-    value = torch.as_tensor(scores[key])
-    if value.ndim != 1:
-        raise ValueError(
-            f"score {key!r} of reward {spec.name!r} must have shape [B], got {tuple(value.shape)}."
-        )
-    return value if value.is_floating_point() else value.float()
-
-
-def combine_rewards(
-    scores: Mapping[str, torch.Tensor],
-    fns: Sequence[RewardSpecLike],
-    *,
-    scale: float = 1.0,
-    clip_min: float | None = None,
-    clip_max: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Multi-reward combiner (docs/algorithms.md, "Advantages and reward combination").
-
-    total = clamp(sum_i clamp(scores[key_i], clip_min_i, clip_max_i) * weight_i, clip_min, clip_max) * scale.
-    `scores` maps score keys to `[B]` tensors. Returns `(total [B], per_key)`, where per_key maps each reward name
-    to its raw score `[B]` and "avg" to the weighted sum before the final clamp and scale. NaN scores propagate
-    to `total`: find them with `nan_mask` and drop those samples.
-    """
-    if not fns:
-        raise ValueError(
-            "no rewards to combine: add at least one [[train.train_policy.remote_reward.reward_fns]]."
-        )
-    names = [spec.name for spec in fns]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(
-            f"reward names must be unique in reward_fns, repeated: {dupes}; rename or merge them."
-        )
-    if "avg" in names:
-        raise ValueError('a reward may not be named "avg" (the key of the weighted sum); rename it.')
-    per_key: dict[str, torch.Tensor] = {}
-    weighted_sum: torch.Tensor | None = None
-    for spec in fns:
-        raw = _score_of(scores, spec)
-        if weighted_sum is not None and raw.shape != weighted_sum.shape:
-            raise ValueError(
-                f"score of reward {spec.name!r} has shape {tuple(raw.shape)} but earlier rewards have "
-                f"{tuple(weighted_sum.shape)}; every reward must score the same batch."
-            )
-        per_key[spec.name] = raw
-        term = _clamp_optional(raw, spec.clip_min, spec.clip_max) * spec.weight
-        weighted_sum = term if weighted_sum is None else weighted_sum + term
-    assert weighted_sum is not None
-    per_key["avg"] = weighted_sum
-    total = _clamp_optional(weighted_sum, clip_min, clip_max) * scale
-    return total, per_key

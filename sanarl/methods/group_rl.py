@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
 from sanarl.methods.checked_task import CheckedTask
 from sanarl.methods.group_config import GroupRLView
+from sanarl.methods.work import StepPlan
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data_order import step_indices
@@ -64,11 +65,16 @@ class GroupRLTask(CheckedTask):
 
     view: GroupRLView[GroupPolicy]
     """What the method reads: its `[train.train_policy]` keys, `[rollout]`, `[policy.diffusers]`, `[policy.lora]`."""
+    method_plan: Callable[[Config], StepPlan]
+    """The method's plan function (its config.py `plan`), set as `staticmethod(plan)`."""
+    plan: StepPlan
+    """The levels each kept sample trains per rollout: the count the printed and the capacity plans show."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
     ) -> None:
         super().__init__(cfg, adapter, plugin, rank=rank, world=world)
+        self.plan = self.method_plan(cfg)
         self.train_dataset = self._load_dataset(cfg, plugin, world)
         tp = self.view.train_policy
         self.tracker = PerPromptStatTracker(global_std=tp.global_std, unbiased=tp.unbiased_std)

@@ -24,7 +24,7 @@ from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
 from sanarl.methods.soar import config as soar
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork
 
 if TYPE_CHECKING:
     from sanarl.training.protocol import Task
@@ -49,8 +49,11 @@ class Method:
     """Valid settings that have no effect for it (its config.py), the loader's notes before the generic ones."""
     rollout_cost: Callable[[Config, int], tuple[int, int]]
     """(images generated, reward calls) of N optimizer steps."""
+    plan: Callable[[Config], StepPlan]
+    """The levels each sample trains (its config.py): the one count its task trains, its `describe` prints and
+    `trained_work` prices."""
     trained_work: Callable[[Config, GuidedRows], TrainedWork]
-    """What one optimizer step trains per sample (its config.py; the capacity plan reads it)."""
+    """What one optimizer step trains per sample, built on `plan` (its config.py; the capacity plan reads it)."""
     group_rollouts: bool = False
     """Rolls out prompt groups from the policy and scores them: a rollout phase with the reward models resident."""
     sde_transitions: bool = False
@@ -67,21 +70,21 @@ class Method:
 METHODS: tuple[Method, ...] = (
     Method(name="sft", policy_type="sft", trainer_type="", task="sanarl.methods.sft.task:SFTTask",
            view=sft.view, validate=None, warnings=sft.warnings, rollout_cost=sft.rollout_cost,
-           trained_work=sft.trained_work, bench={"sft-more": "tiny-shapes-sft-more"}),
+           plan=sft.plan, trained_work=sft.trained_work, bench={"sft-more": "tiny-shapes-sft-more"}),
     Method(name="soar", policy_type="sft", trainer_type="soar", task="sanarl.methods.soar.task:SOARTask",
            view=soar.view, validate=soar.validate, warnings=soar.warnings, rollout_cost=soar.rollout_cost,
-           trained_work=soar.trained_work, bench={"soar": "tiny-shapes-soar"}),
+           plan=soar.plan, trained_work=soar.trained_work, bench={"soar": "tiny-shapes-soar"}),
     Method(name="diffusion_nft", policy_type="grpo", trainer_type="diffusion_nft",
            task="sanarl.methods.nft.task:NFTTask", view=nft.view, validate=nft.validate, warnings=nft.warnings,
-           rollout_cost=nft.rollout_cost, trained_work=nft.trained_work, group_rollouts=True,
+           rollout_cost=nft.rollout_cost, plan=nft.plan, trained_work=nft.trained_work, group_rollouts=True,
            bench={"nft": "tiny-shapes-nft", "nft-solrl": "tiny-shapes-nft-solrl"}),
     Method(name="flow_grpo", policy_type="grpo", trainer_type="flow_grpo",
            task="sanarl.methods.flow_grpo.task:FlowGRPOTask", view=flow_grpo.view, validate=flow_grpo.validate,
-           warnings=flow_grpo.warnings, rollout_cost=flow_grpo.rollout_cost, trained_work=flow_grpo.trained_work,
+           warnings=flow_grpo.warnings, rollout_cost=flow_grpo.rollout_cost, plan=flow_grpo.plan, trained_work=flow_grpo.trained_work,
            group_rollouts=True, sde_transitions=True, bench={"grpo": "tiny-shapes-grpo"}),
     Method(name="ddrl", policy_type="grpo", trainer_type="ddrl", task="sanarl.methods.ddrl.task:DDRLTask",
            view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
-           trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
+           plan=ddrl.plan, trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
            bench={"ddrl": "tiny-shapes-ddrl"}),
 )  # fmt: skip
 

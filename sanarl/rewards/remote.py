@@ -47,10 +47,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from sanarl.core.advantages import RewardSpec, combine_rewards, nan_mask
 from sanarl.errors import ConfigError
 from sanarl.rewards.base import RewardInputError, check_batch, check_images, to_uint8
-from sanarl.rewards.combine import RewardFailure, RewardResult
+from sanarl.rewards.combine import RewardFailure, RewardResult, Scored, combine_scores
 from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
 from sanarl.rewards.video import frames_as_images
 
@@ -465,35 +464,21 @@ class RemoteRewardFunction:
             self._sleep(outage.tries - 1, answer.retry_after)
 
     def _combine(self, task: RemoteTask, answers: dict[str, dict[str, Any]]) -> RewardResult:
-        """The in-process combination over the pulled scores (see the module doc)."""
-        picked, per_key, durations = {}, {}, {}
+        """The in-process combination (`combine_scores`) over the pulled scores: each entry reads its score_key,
+        else the key the service reports as the reward's default; samples with non-finite pixels are NaN."""
+        scored = {}
         for fn in self.config.reward_fns:
-            scores = _scores(task, fn.name, answers[fn.name])
-            key = fn.score_key or answers[fn.name].get("default_key") or self.default_keys.get(fn.name, "")
-            if key not in scores:
-                raise RemoteRewardError(
-                    f"reward service task {task.uuid}: reward {fn.name!r} returned keys {sorted(scores)}, not the "
-                    f"score_key {key!r}; set score_key of this reward_fns entry to one of them."
-                )
-            picked[fn.name] = scores[key]
-            per_key.update({f"{fn.name}/{k}": v for k, v in scores.items()})
-            durations[fn.name] = float(answers[fn.name].get("duration", 0.0) or 0.0)
-        specs = [
-            RewardSpec(fn.name, fn.weight, fn.name, fn.clip_min, fn.clip_max) for fn in self.config.reward_fns
-        ]
-        rr = self.config
-        total, combined = combine_rewards(
-            picked, specs, scale=rr.scale, clip_min=rr.reward_clip_min, clip_max=rr.reward_clip_max
+            answer = answers[fn.name]
+            key = fn.score_key or answer.get("default_key") or self.default_keys.get(fn.name, "")
+            seconds = float(answer.get("duration", 0.0) or 0.0)
+            scored[fn.name] = Scored(_scores(task, fn.name, answer), key, seconds)
+        return combine_scores(
+            self.config,
+            scored,
+            source=f"reward service task {task.uuid}: ",
+            unscored=task.bad,
+            error=RemoteRewardError,
         )
-        total = torch.where(task.bad, torch.tensor(float("nan")), total.float())
-        per_key.update(combined)
-        mask = nan_mask(total) | torch.isinf(total)
-        if bool(mask.all()):
-            raise RewardFailure(
-                f"every one of the {task.batch} samples of reward service task {task.uuid} got a non-finite reward; "
-                "nothing is left to train on (NaN images mean the model diverged: lower train.optm_lr)."
-            )
-        return RewardResult(total, per_key, mask, durations)
 
     def __call__(
         self,

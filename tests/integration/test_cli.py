@@ -158,25 +158,16 @@ def test_plugin_missing_factory(run_cli, tmp_path):
     assert "get_dataset" in msg
 
 
-def test_empty_dataset_dir(run_cli, tmp_path):
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    msg = bad(
-        run_cli,
-        tmp_path,
-        "--config",
-        str(TINY),
-        "sanarl.datasets.diffusers_dataset",
-        "--set",
-        f"train.train_policy.dataset.local_dir={empty}",
-    )
-    assert str(empty) in msg
-
-
-def test_json_without_image_only(run_cli, tmp_path):
+@pytest.mark.parametrize(
+    "files",
+    [{}, {"a.json": '{"prompt": "a red square"}'}],
+    ids=["empty_dataset_dir", "json_without_image_only"],
+)
+def test_dataset_dir_without_training_items(run_cli, tmp_path, files):
     data = tmp_path / "data"
     data.mkdir()
-    (data / "a.json").write_text('{"prompt": "a red square"}')
+    for name, text in files.items():
+        (data / name).write_text(text)
     msg = bad(
         run_cli,
         tmp_path,

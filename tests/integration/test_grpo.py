@@ -27,21 +27,6 @@ PRESET = ROOT / "tests" / "data" / "presets" / "grpo-tiny.toml"
 SHAPES = "sanarl.datasets.shapes"
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    """trainer_type = "flow_grpo" -> FlowGRPOTask, also before the method registry lists it."""
-    import sanarl.methods.registry as tasks
-
-    original = tasks.task_class
-
-    def lookup(cfg):
-        if cfg.train.train_policy.trainer_type == "flow_grpo":
-            return FlowGRPOTask
-        return original(cfg)
-
-    monkeypatch.setattr(tasks, "task_class", lookup)
-
-
 def loaded(out: Path, *extra: str, preset: Path = PRESET):
     return load_config(preset, [f"train.output_dir={out}", *extra])
 

@@ -22,18 +22,6 @@ PRESET = ROOT / "tests" / "data" / "presets" / "grpo-tiny.toml"
 SHAPES = "sanarl.datasets.shapes"
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    import sanarl.methods.registry as tasks
-
-    original = tasks.task_class
-    monkeypatch.setattr(
-        tasks,
-        "task_class",
-        lambda cfg: FlowGRPOTask if cfg.train.train_policy.trainer_type == "flow_grpo" else original(cfg),
-    )
-
-
 def one_block_task(out: Path, *extra: str) -> FlowGRPOTask:
     """The tiny Flow-GRPO task with its transformer cut to one block (LoRA on that block's attention)."""
     cfg = load_config(PRESET, [f"train.output_dir={out}", "rollout.reward_workers=0", *extra])

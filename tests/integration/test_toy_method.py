@@ -20,7 +20,8 @@ from toy_method import config as toy  # noqa: E402
 SHAPES = "sanarl.datasets.shapes"
 TOY = registry.Method(
     name="toy", policy_type="sft", trainer_type="toy", task="toy_method.task:ToyTask", view=toy.view,
-    validate=toy.validate, warnings=toy.warnings, rollout_cost=toy.rollout_cost, trained_work=toy.trained_work,
+    validate=toy.validate, warnings=toy.warnings, rollout_cost=toy.rollout_cost, plan=toy.plan,
+    trained_work=toy.trained_work,
 )  # fmt: skip
 
 

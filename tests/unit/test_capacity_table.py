@@ -12,7 +12,7 @@ from sanarl.tools.capacity_table import HEADER, row
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "capacity.md"
 REGENERATED = ["sana-image-nft-sol_rl", "sd35m-sft", "flux1-nft", "sana-video-sft-lora", "tiny-shapes-nft",
-               "tiny-shapes-soar", "tiny-video-sft"]  # fmt: skip
+               "tiny-shapes-soar", "tiny-video-sft", "sd35m-grpo"]  # fmt: skip
 
 
 def _rows() -> dict[str, str]:

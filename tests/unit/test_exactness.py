@@ -89,15 +89,39 @@ def test_ddrl_presets_carry_cosmos_rls_weight_scale_normaliser_and_betas(preset)
     assert tuple(t.optm_betas) == (0.9, 0.99) and t.optm_grad_norm_clip == 1.0
 
 
-def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid():
+@pytest.mark.parametrize(
+    ("num_steps", "fraction", "solver"),
+    [
+        (10, 0.5, "flow_sde"),
+        (10, 0.99, "flow_sde"),
+        (10, 0.01, "flow_sde"),
+        (10, 1.0, "cps"),
+        (6, 0.99, "cps"),
+    ],
+)
+def test_without_a_window_flow_grpo_trains_the_first_steps_of_the_grid(num_steps, fraction, solver):
+    """flow_grpo's train_sd3.py: num_train_timesteps = int(sample.num_steps * train.timestep_fraction), trained
+    as the grid steps 0 .. num_train_timesteps - 1; sanarl keeps at least one and never CPS's deterministic
+    last step (its std is 0)."""
+    from sanarl.methods.flow_grpo.config import plan
     from sanarl.methods.flow_grpo.trajectory import trained_positions
 
-    every = list(range(10))
-    assert trained_positions(every, 10, 0.5, windowed=False) == [0, 1, 2, 3, 4]  # steps 0 .. int(N frac) - 1
-    assert trained_positions(every, 10, 0.99, windowed=False) == list(range(9))
-    assert trained_positions(every, 10, 0.01, windowed=False) == [0]  # at least one
-    assert trained_positions(every[:9], 10, 1.0, windowed=False) == list(range(9))  # cps: never the last step
-    assert trained_positions([0, 1, 2], 10, 0.1, windowed=True) == [0, 1, 2]  # Fast: the whole window
+    overrides = [f"policy.diffusers.sample.num_steps={num_steps}", f"policy.diffusers.sample.solver={solver}",
+                 f"policy.diffusers.timesteps_fraction={fraction}", "train.train_policy.sde_window_size=0"]  # fmt: skip
+    cfg = load_config(PRESETS / "tiny-shapes-grpo.toml", overrides)
+    reference = max(1, min(int(num_steps * fraction), num_steps - (solver == "cps")))
+    random_steps = list(range(num_steps - (solver == "cps")))  # trainable_positions over the whole grid
+    assert plan(cfg).levels == reference
+    assert trained_positions(random_steps, plan(cfg).levels) == list(range(reference))
+
+
+def test_a_fast_window_trains_all_its_steps():
+    from sanarl.methods.flow_grpo.config import plan
+    from sanarl.methods.flow_grpo.trajectory import trained_positions
+
+    cfg = load_config(PRESETS / "tiny-shapes-grpo.toml")  # sde_window_size = 3
+    assert plan(cfg).levels == cfg.train.train_policy.sde_window_size == 3
+    assert trained_positions([0, 1, 2], plan(cfg).levels) == [0, 1, 2]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from sanarl.core.flow import sigma_grid
 from sanarl.errors import ConfigError
 from sanarl.methods.flow_grpo.config import validate as check_grpo_config
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, _RatioMonitor, _signal_mask
-from sanarl.methods.flow_grpo.trajectory import sde_window, trainable_positions, trained_count
+from sanarl.methods.flow_grpo.trajectory import sde_window, trainable_positions
 from sanarl.methods.group_rl import set_loss_weights
 from sanarl.methods.loading import load_config
 from sanarl.rewards.combine import RewardResult
@@ -43,10 +43,6 @@ def test_trainable_positions_skip_the_deterministic_cps_landing():
     assert trainable_positions([0, 1, 2, 3], sigmas, "flow_sde") == [0, 1, 2, 3]
     assert trainable_positions([0, 1, 2, 3], sigmas, "cps") == [0, 1, 2]  # 0.25 -> 0 has std 0 * sin(.) = 0
     assert trainable_positions([2, 3], sigmas, "cps") == [0]
-    assert trained_count(10, 0.99, windowed=False) == 9  # Flow-GRPO's default: all but one
-    assert trained_count(4, 0.5, windowed=False) == 2
-    assert trained_count(3, 0.1, windowed=False) == 1
-    assert trained_count(2, 0.1, windowed=True) == 2  # Fast trains every window step
 
 
 @pytest.mark.parametrize("num_micro", [4, 6])

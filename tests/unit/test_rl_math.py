@@ -8,17 +8,11 @@ import math
 import pytest
 import torch
 
-from sanarl.core.advantages import (
-    PerPromptStatTracker,
-    RewardSpec,
-    clip_advantages,
-    combine_rewards,
-    nan_mask,
-    nft_adv_transform,
-)
+from sanarl.core.advantages import PerPromptStatTracker, clip_advantages, nan_mask, nft_adv_transform
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.nft_loss import nft_loss
 from sanarl.core.selection import SELECTION_MODES, select_indices
+from sanarl.rewards.combine import RewardSpec, combine_rewards
 
 # ---------------------------------------------------------------- stat tracker
 

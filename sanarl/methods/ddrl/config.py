@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from sanarl.config.checks import require
 from sanarl.config.group_rl_schema import FlowGRPOPolicy
 from sanarl.config.schema import Config, DDRLConfig
+from sanarl.methods.flow_grpo.config import plan as flow_grpo_plan
 from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
-from sanarl.methods.flow_grpo.config import trained_work as flow_grpo_trained_work
+from sanarl.methods.flow_grpo.config import sde_work
 from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
 from sanarl.methods.group_config import GroupRLView, group_sections, keys_of, rollouts_for
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork
 
 KEY = "train.train_policy.ddrl"
 RANDOM_STEP = -1
@@ -111,12 +112,18 @@ def _check_train_on(cfg: Config, train_on: list[int]) -> None:
     )
 
 
+def plan(cfg: Config) -> StepPlan:
+    """The `train_on` steps when given (-1 drawn per rollout), else Flow-GRPO's plan."""
+    train_on = cfg.train.train_policy.ddrl.train_on
+    if train_on:
+        return StepPlan(levels=len(train_on), rule=f"train_on = {list(train_on)} (-1 = random per rollout)")
+    return flow_grpo_plan(cfg)
+
+
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
-    """Flow-GRPO's, on the explicit train_on steps when given, with the data term's row beside each policy row
-    (one shared forward)."""
-    d = cfg.train.train_policy.ddrl
-    return flow_grpo_trained_work(
-        cfg, guided, levels=len(d.train_on) or None, data_rows=1 if d.data_beta > 0 else 0
+    """Flow-GRPO's on the planned steps, with the data term's row beside each policy row (one shared forward)."""
+    return sde_work(
+        cfg, guided, plan(cfg).levels, data_rows=1 if cfg.train.train_policy.ddrl.data_beta > 0 else 0
     )
 
 

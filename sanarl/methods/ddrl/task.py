@@ -38,13 +38,12 @@ from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.core.timesteps import sample_u, u_to_sigma
 from sanarl.datasets.common import collate as default_collate
 from sanarl.errors import ConfigError, DataError
-from sanarl.methods.ddrl.config import DDRLView, uses_data_items, view
+from sanarl.methods.ddrl.config import DDRLView, plan, uses_data_items, view
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, GRPOBatch
 from sanarl.methods.flow_grpo.trajectory import Trajectory, trainable_positions
 from sanarl.methods.group_rl import checked_prompt_dataset
 from sanarl.methods.sft.task import draw_vae_noise, encode_media, latent_shape_of, media_key
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.training.protocol import per_rank_batch, run_settings
 from sanarl.training.rollout import PromptGroup, group_seeds
 
 SYNTHETIC_STREAM = 1
@@ -77,6 +76,7 @@ class DDRLTask(FlowGRPOTask):
 
     view: DDRLView
     method_view = staticmethod(view)
+    method_plan = staticmethod(plan)
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
@@ -299,16 +299,8 @@ class DDRLTask(FlowGRPOTask):
         out = []
         for label, value in rows:
             if label == "trained steps" and d.train_on:
-                value = (
-                    f"{len(d.train_on)} per sample: train_on = {list(d.train_on)} (-1 = random per rollout)"
-                )
-            if label == "micro-batches" and d.train_on:
-                per_rank, mb = per_rank_batch(run_settings(cfg), world), tp.mini_batch
-                chunks = per_rank // mb
-                value = (
-                    f"{per_rank} / mini_batch {mb} = {chunks} per rank, x {len(d.train_on)} trained steps = "
-                    f"{chunks * len(d.train_on)} backward passes (at most)"
-                )
+                trained = plan(cfg)
+                value = f"{trained.levels} per sample: {trained.rule}"
             if label == "loss":
                 terms = f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL{ref} + {data}"
                 value = (f"{d.loss_scale} x ({terms})" if d.loss_scale != 1 else terms) + (

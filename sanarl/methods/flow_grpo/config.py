@@ -13,7 +13,7 @@ from sanarl.methods.group_config import (
     group_view,
     rollouts_for,
 )
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork, fraction_levels
 
 STOCHASTIC_SOLVERS = ("flow_sde", "cps")
 """The samplers whose steps have a log-probability (sanarl/core/samplers.py `flow_sde_step`, `cps_step`)."""
@@ -96,14 +96,29 @@ def _check_window(size: int, window_range: list[int], num_steps: int, solver: st
         )
 
 
-def trained_work(
-    cfg: Config, guided: GuidedRows, levels: int | None = None, data_rows: int = 0
-) -> TrainedWork:
-    """One trained forward per SDE step of the window (all steps without one), both CFG branches with
-    cfg_in_training, and the reference's forward of the same rows with kl_beta."""
+def plan(cfg: Config) -> StepPlan:
+    """The SDE steps each sample trains: Fast (sde_window_size > 0) every step of the window; else, as flow_grpo,
+    the grid steps 0 .. int(num_steps x timesteps_fraction) - 1 (at least one), never CPS's deterministic last
+    step to s' = 0 (trained only with cps_train_last_step)."""
+    tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
+    if tp.sde_window_size > 0:  # cps windows exclude the deterministic last step (validate)
+        return StepPlan(levels=tp.sde_window_size, rule="every window step")
+    n, fraction = sample.num_steps, cfg.policy.diffusers.timesteps_fraction
+    random_steps = n - int(sample.solver == "cps" and not tp.cps_train_last_step)
+    levels = min(random_steps, fraction_levels(n, fraction))
+    return StepPlan(levels=levels, rule=f"max(1, int({n} x {fraction}))")
+
+
+def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
+    """One trained forward per trained SDE step (`plan`)."""
+    return sde_work(cfg, guided, plan(cfg).levels)
+
+
+def sde_work(cfg: Config, guided: GuidedRows, levels: int, data_rows: int = 0) -> TrainedWork:
+    """`levels` trained forwards per sample, both CFG branches with cfg_in_training (and `data_rows` more rows
+    in the same forward), and the reference's forward of the same rows with kl_beta."""
     tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
     policy = guided(1, sample.guidance_scale) if tp.cfg_in_training else 1
-    levels = levels or tp.sde_window_size or sample.num_steps
     rows = policy + data_rows
     return TrainedWork(levels=levels, rows=rows, frozen_rows=levels * rows * (1 if tp.kl_beta > 0 else 0))
 

@@ -48,13 +48,12 @@ from sanarl.core.advantages import clip_advantages
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step
-from sanarl.methods.flow_grpo.config import FlowGRPOView, view
+from sanarl.methods.flow_grpo.config import FlowGRPOView, plan, view
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
     sample_trajectories,
     sde_window,
     trainable_positions,
-    trained_count,
     trained_positions,
 )
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
@@ -118,6 +117,7 @@ class FlowGRPOTask(GroupRLTask):
     lora_names = ("default",)
     view: FlowGRPOView
     method_view = staticmethod(view)
+    method_plan = staticmethod(plan)
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
@@ -196,14 +196,9 @@ class FlowGRPOTask(GroupRLTask):
 
     def _trained_positions(self, steps: list[int], rng: torch.Generator) -> list[int]:
         """Positions j (into the stored `steps`) every sample of the rollout trains, ascending."""
-        return trained_positions(
-            trainable_positions(
-                steps, self.sigmas, self.spec.solver, cps_last_step=self.view.train_policy.cps_train_last_step
-            ),
-            self.spec.num_steps,
-            self.view.diffusers.timesteps_fraction,
-            windowed=self.view.train_policy.sde_window_size > 0,
-        )
+        cps_last_step = self.view.train_policy.cps_train_last_step
+        candidates = trainable_positions(steps, self.sigmas, self.spec.solver, cps_last_step=cps_last_step)
+        return trained_positions(candidates, self.plan.levels)
 
     def _batch_extras(self, rows: torch.Tensor, step: int, first: bool, rng: torch.Generator) -> dict:
         """Fields a subclass adds to the micro-batch of `rows` (indices of this rank's samples) at grid step `step`
@@ -370,7 +365,7 @@ class FlowGRPOTask(GroupRLTask):
         tp, sample = v.train_policy, v.diffusers.sample
         k, bpr, mb, n = v.rollout.n_generation, run.batch_per_replica, run.mini_batch, sample.num_steps
         per_rank = per_rank_batch(run, world)
-        trained, trained_why = _trained_plan(v)
+        trained = cls.method_plan(cfg)
         per_epoch = max(1, dataset_size // (bpr // k)) * tp.optimizer_steps_per_rollout
         sde = (
             f"SDE window of {tp.sde_window_size} steps inside steps [{tp.sde_window_range[0]}, "
@@ -385,32 +380,15 @@ class FlowGRPOTask(GroupRLTask):
              f" = {per_rank} samples per rank"),
             ("rollout", f"{sample.solver} eta {sample.noise_level}, {n} steps, {sde}, guidance "
              f"{sample.guidance_scale}, current policy" + (", one initial noise per group" if tp.same_noise_per_group else "")),
-            ("trained steps", f"{trained} per sample ({trained_why})" + ("" if tp.sde_window_size > 0 else
-             f", grid steps 0 .. {trained - 1}") + "; groups with equal rewards dropped"),
-            ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained} trained steps = "
-             f"{(per_rank // mb) * trained} backward passes (at most)"),
+            ("trained steps", f"{trained.levels} per sample ({trained.rule})" + ("" if tp.sde_window_size > 0 else
+             f", grid steps 0 .. {trained.levels - 1}") + "; groups with equal rewards dropped"),
+            ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained.levels} trained "
+             f"steps = {(per_rank // mb) * trained.levels} backward passes (at most)"),
             ("loss", f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL to the {ref}"),
             ("updates", f"{tp.optimizer_steps_per_rollout} optimizer step(s) per rollout, each on 1/"
              f"{tp.optimizer_steps_per_rollout} of its micro-batches"),
             ("steps", steps_plan(run, per_epoch)),
         ]  # fmt: skip
-
-
-def _trained_plan(v: FlowGRPOView) -> tuple[int, str]:
-    """Steps trained per sample and why, from the config alone (for `describe`)."""
-    tp, sample = v.train_policy, v.diffusers.sample
-    if (
-        tp.sde_window_size > 0
-    ):  # every window step is random (cps windows exclude the deterministic last step)
-        return tp.sde_window_size, "every window step"
-    # cps's last step to s' = 0 is deterministic: trained only with cps_train_last_step (as flow_grpo)
-    candidates = sample.num_steps - int(sample.solver == "cps" and not tp.cps_train_last_step)
-    fraction, n = v.diffusers.timesteps_fraction, sample.num_steps
-    count = min(candidates, trained_count(n, fraction, False))
-    return (
-        count,
-        f"max(1, int({n} x {fraction}))",
-    )
 
 
 class _RatioMonitor:

@@ -52,18 +52,10 @@ def trainable_positions(
     return [j for j, i in enumerate(steps) if float(sigmas[i + 1]) > 0]
 
 
-def trained_count(candidates: int, fraction: float, windowed: bool) -> int:
-    """Steps trained per sample: every window step (Fast), else max(1, int(candidates * timesteps_fraction))."""
-    return candidates if windowed else max(1, int(candidates * fraction))
-
-
-def trained_positions(candidates: list[int], num_steps: int, fraction: float, *, windowed: bool) -> list[int]:
-    """The stored-step positions every sample trains, in rollout order. Fast: every window step. Without a window,
-    as flow_grpo: the first int(num_steps * timesteps_fraction) steps of the grid (at least one), i.e. steps
-    0 .. int(N frac) - 1, never past the random ones (CPS's deterministic last step is not a candidate)."""
-    if windowed:
-        return list(candidates)
-    return list(candidates[: min(len(candidates), trained_count(num_steps, fraction, False))])
+def trained_positions(candidates: list[int], levels: int) -> list[int]:
+    """The stored-step positions every sample trains, in rollout order: the first `levels` of the random ones
+    (the method's plan: a whole Fast window, else flow_grpo's grid steps 0 .. levels - 1)."""
+    return list(candidates[:levels])
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ from sanarl.methods.group_config import (
     group_view,
     rollouts_for,
 )
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork, fraction_levels
 
 NFTView = GroupRLView[NFTPolicy]
 """The group-RL sections with DiffusionNFT's policy keys; its beta and old-adapter decay are diffusers keys."""
@@ -54,10 +54,17 @@ def warnings(cfg: Config) -> list[str]:
     return []
 
 
+def plan(cfg: Config) -> StepPlan:
+    """Each kept sample trains int(num_steps x timesteps_fraction) distinct levels of the rollout grid (at least
+    one), drawn per sample."""
+    n, fraction = cfg.policy.diffusers.sample.num_steps, cfg.policy.diffusers.timesteps_fraction
+    return StepPlan(levels=fraction_levels(n, fraction), rule=f"int({n} x {fraction})")
+
+
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
-    """One trained forward per trained level (num_steps x timesteps_fraction), each with the old policy's forward
-    and, with kl_beta, the reference's."""
-    levels = max(1, int(cfg.policy.diffusers.sample.num_steps * cfg.policy.diffusers.timesteps_fraction))
+    """One trained forward per trained level (`plan`), each with the old policy's forward and, with kl_beta, the
+    reference's."""
+    levels = plan(cfg).levels
     frozen = 1 + (1 if cfg.train.train_policy.kl_beta > 0 else 0)
     return TrainedWork(levels=levels, rows=1, frozen_rows=levels * frozen)
 

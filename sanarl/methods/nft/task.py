@@ -20,7 +20,7 @@ from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl import GroupRLTask, reward_metrics
-from sanarl.methods.nft.config import NFTView, view
+from sanarl.methods.nft.config import NFTView, plan, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
@@ -55,6 +55,7 @@ class NFTTask(GroupRLTask):
     lora_names = ("default", "old")
     view: NFTView
     method_view = staticmethod(view)
+    method_plan = staticmethod(plan)
 
     # --- 1-3: rollout, advantages, batches -------------------------------------------------------------------
     def _padding_batch(self) -> NFTBatch:
@@ -90,7 +91,7 @@ class NFTTask(GroupRLTask):
         adv = adv[keep]
         num_steps = self.rollouts.spec.num_steps
         levels = self.rollouts.spec.sigmas(self.adapter)[:-1]  # the rollout's own grid
-        trained = max(1, int(num_steps * self.view.diffusers.timesteps_fraction))
+        trained = self.plan.levels
         order = torch.stack([torch.randperm(num_steps, generator=rng)[:trained] for _ in range(len(x0))])
         eps = torch.randn((trained, *x0.shape), generator=rng)
         batches, mb = [], self.run.mini_batch
@@ -173,8 +174,7 @@ class NFTTask(GroupRLTask):
         ro, sample = v.rollout, v.diffusers.sample
         k, bpr, mb = ro.n_generation, run.batch_per_replica, run.mini_batch
         per_rank = per_rank_batch(run, world)
-        steps = sample.num_steps
-        trained = max(1, int(steps * v.diffusers.timesteps_fraction))
+        steps, trained = sample.num_steps, plan(cfg)
         spr = v.train_policy.optimizer_steps_per_rollout
         per_epoch = max(1, dataset_size // (bpr // k)) * spr
         m = ro.num_candidates or k
@@ -182,8 +182,8 @@ class NFTTask(GroupRLTask):
             ("prompts", f"{dataset_size} in the prompt set"),
             ("batch per step", f"{bpr} / {k} (n_generation) / {world} rank(s) = {per_rank // k} prompts x {k} images"
              f" = {per_rank} samples per rank"),
-            ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained} trained levels "
-             f"(int({steps} x {v.diffusers.timesteps_fraction})) = {(per_rank // mb) * trained} backward passes"),
+            ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained.levels} trained levels "
+             f"({trained.rule}) = {(per_rank // mb) * trained.levels} backward passes"),
             ("rollout", f"family {ro.family}: {m} drafts -> {k} kept per prompt, {steps} steps, guidance "
              f"{sample.guidance_scale}, solver {sample.solver}"),
             ("steps", steps_plan(run, per_epoch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sanarl.config.schema import Config, DiffusersConfig
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,14 @@ def warnings(cfg: Config) -> list[str]:
     return out
 
 
+def plan(cfg: Config) -> StepPlan:
+    """One noise level per training sample, drawn from the weighting scheme."""
+    return StepPlan(levels=1, rule="one level per sample")
+
+
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
-    """One trained forward of the training rows per sample."""
-    return TrainedWork(levels=1, rows=1)
+    """One trained forward of the training rows per sample and level."""
+    return TrainedWork(levels=plan(cfg).levels, rows=1)
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:

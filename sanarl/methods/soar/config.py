@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sanarl.config.schema import Config, DiffusersConfig, SoarConfig
 from sanarl.errors import ConfigError
 from sanarl.methods.sft.config import warnings as sft_warnings
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork
 
 SCHEDULER_TABLE_SIZE = 1000
 """Levels of HY-SOAR's training table: the `num_train_timesteps` of SD3.5's FlowMatchEulerDiscreteScheduler."""
@@ -48,12 +48,17 @@ def warnings(cfg: Config) -> list[str]:
     return sft_warnings(cfg)
 
 
+def plan(cfg: Config) -> StepPlan:
+    """One trained forward per sample: its main level and its auxiliary targets share it."""
+    return StepPlan(levels=1, rule="one forward per sample over its main level and auxiliary targets")
+
+
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
     """One trained forward over the sample and its num_rollout_paths x trajectory_length auxiliary targets, plus
     the no-grad CFG forward that makes the targets."""
     soar = cfg.train.train_policy.soar
     return TrainedWork(
-        levels=1,
+        levels=plan(cfg).levels,
         rows=1 + soar.num_rollout_paths * soar.trajectory_length,
         frozen_rows=guided(1, soar.cfg_scale_sampling),
     )

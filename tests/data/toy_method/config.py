@@ -6,9 +6,10 @@ from __future__ import annotations
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.sft.config import SFTView
+from sanarl.methods.sft.config import plan as sft_plan
 from sanarl.methods.sft.config import view as sft_view
 from sanarl.methods.sft.config import warnings as sft_warnings
-from sanarl.methods.work import GuidedRows, TrainedWork
+from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork
 
 LOSS_SCALE = 2.0
 """The toy objective is SFT's flow-matching loss times this."""
@@ -33,5 +34,9 @@ def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
     return 0, 0
 
 
+def plan(cfg: Config) -> StepPlan:
+    return sft_plan(cfg)
+
+
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
-    return TrainedWork(levels=1, rows=1)
+    return TrainedWork(levels=plan(cfg).levels, rows=1)
