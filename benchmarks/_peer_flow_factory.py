@@ -33,6 +33,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -138,6 +139,19 @@ def arguments(method: str, work: Work, model: Path, data: Path, scratch: Path) -
     )  # fmt: skip
 
 
+def _check_alignment(training_args, work: Work) -> None:
+    """Flow-Factory rounds its prompts per epoch up to its batch geometry; a work it changes is not the same work
+    as the other side's: exit 2 with the numbers."""
+    prompts = training_args.unique_sample_num_per_epoch
+    if prompts != work.prompts:
+        print(
+            f"Flow-Factory aligns {work.prompts} prompt(s) per iteration to {prompts} for --group {work.group} and "
+            f"--batch {work.batch}; choose --prompts, --group and --batch that it keeps (the defaults do: 2, 4, 4).",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
 class FlowFactorySide(Side):
     def __init__(self, checkout: Path, method: str, work: Work, model: Path, scratch: Path) -> None:
         global JpegCompressibility
@@ -151,13 +165,16 @@ class FlowFactorySide(Side):
         rows = [json.dumps({"prompt": p, "negative_prompt": ""}) + "\n" for p in work.prompt_list()]
         (data / "train.jsonl").write_text("".join(rows))
         m, self.patched = import_reference(checkout / "src", "flow_factory", MODULES, folder)
-        JpegCompressibility = _reward_class(m["rewards.abc"])
-        m["rewards.registry"].register_reward_model(REWARD)(JpegCompressibility)
-        logging.disable(
-            logging.WARNING
-        )  # its INFO / WARNING lines while building (parameter tables, dataset)
+        import datasets  # Flow-Factory's dependency: its prompt data go through it
+
+        datasets.disable_progress_bars()
+        # its INFO / WARNING lines while building (parameter tables, dataset preparation)
+        logging.disable(logging.WARNING)
         try:
+            JpegCompressibility = _reward_class(m["rewards.abc"])
+            m["rewards.registry"].register_reward_model(REWARD)(JpegCompressibility)
             args = m["hparams"].Arguments.from_dict(arguments(method, work, model, data, folder))
+            _check_alignment(args.training_args, work)
             steps = args.training_args.gradient_accumulation_steps
             accelerator = Accelerator(cpu=True, mixed_precision="no", gradient_accumulation_steps=steps)
             set_seed(args.training_args.seed, device_specific=True)

@@ -192,8 +192,9 @@ def report(pair: str, times: dict, memory: dict, patched: list[str], work: Work)
     for phase in PHASES:
         ratio = _common.median(times["sanarl"][phase]) / max(_common.median(times[ref][phase]), 1e-12)
         print(f"  [{pair}] ratio sanarl / {ref}, {phase}: {ratio:.3f}")
-    if ref in memory:
-        print(f"  [{pair}] ratio sanarl / {ref}, peak memory: {memory['sanarl'] / max(memory[ref], 1):.3f}")
+    if ref in memory:  # a peak at or below the resident size (tiny work) has no meaningful ratio
+        ratio = f"{memory['sanarl'] / memory[ref]:.3f}" if memory[ref] > 0 else "n/a (reference peak <= 0)"
+        print(f"  [{pair}] ratio sanarl / {ref}, peak memory: {ratio}")
 
 
 def run_pair(pair: str, args: argparse.Namespace, scratch: Path) -> None:
