@@ -86,7 +86,7 @@ def arguments(method: str, work: Work, model: Path, data: Path, scratch: Path) -
         group_size=work.group,
         unique_sample_num_per_epoch=work.prompts,
         gradient_step_per_epoch=work.updates,
-        learning_rate=3e-4,
+        learning_rate=3e-4 if method == "grpo" else 1e-4,
         adam_weight_decay=1e-4,
         max_grad_norm=1.0,
         adv_clip_range=5.0,
