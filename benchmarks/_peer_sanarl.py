@@ -8,7 +8,7 @@ from pathlib import Path
 
 from _peers import MAX_SEQUENCE_LENGTH, PhaseClock, Side, Work
 
-PRESETS = {"grpo": "sd35m-grpo", "nft": "sd35m-nft"}
+PRESETS = {"grpo": "sd35m-grpo", "nft": "sd35m-nft", "ff-grpo": "sd35m-grpo", "ff-nft": "sd35m-nft"}
 """The pair -> sanarl's preset it scales down."""
 
 
@@ -39,8 +39,8 @@ def overrides(pair: str, work: Work, model: Path, prompts: Path, out: Path) -> l
         "train.ckpt.enable_checkpoint=false",
         "train.ckpt.export_safetensors=false",
     ]
-    if (
-        pair == "grpo"
+    if pair.endswith(
+        "grpo"
     ):  # Flow-GRPO-Fast: the SDE window at the start, no KL (flow_grpo's fast configs: beta 0)
         common += [
             f"train.train_policy.sde_window_size={work.window}",

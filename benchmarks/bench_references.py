@@ -5,10 +5,12 @@ Pairs (each: sanarl's preset scaled down to the work, and the reference's loop, 
   steps per rollout) against `sd35m-grpo` with the same window (`--flow-grpo DIR`);
 - `nft`: DiffusionNFT's `scripts/train_nft_sd3.py` (deterministic DPM-Solver++ 2M rollouts without CFG, old /
   current / reference forwards, one optimizer step per rollout, old-policy decay copy) against `sd35m-nft`
-  (`--diffusion-nft DIR`).
+  (`--diffusion-nft DIR`);
+- `ff-grpo`, `ff-nft`: Flow-Factory's `GRPOTrainer` and `DiffusionNFTTrainer` on its SD3.5 adapter against
+  `sd35m-grpo` / `sd35m-nft` (`--flow-factory DIR`; benchmarks/_peer_flow_factory.py says what it sets).
 
 The references run from the checkouts given (a temporary copy of their package is imported; the reference side's
-docstrings in benchmarks/_peer_flow_grpo.py and _peer_diffusion_nft.py say which of their modules are driven and
+docstrings in benchmarks/_peer_flow_grpo.py, _peer_diffusion_nft.py and _peer_flow_factory.py say which of their modules are driven and
 what of their script is left out); without a directory the pair runs sanarl's side only. Same on both sides: the
 model folder (benchmarks/_peers.py), prompts, group size, sampling steps, size, trained levels, LoRA rank, sampling
 batch, training micro-batch, optimizer steps per rollout, float32, the weight-free `jpeg_compressibility` reward,
@@ -20,7 +22,8 @@ iteration; wall = the iteration's wall-clock time. Peak memory: each
 side again in a fresh process, one warm-up iteration, then the peak RSS of one iteration above the resident size
 before it (the method of scripts/measure_capacity.py; `--no-memory` skips it).
 
-    python benchmarks/bench_references.py [--flow-grpo DIR] [--diffusion-nft DIR] [--pairs grpo,nft]
+    python benchmarks/bench_references.py [--flow-grpo DIR] [--diffusion-nft DIR] [--flow-factory DIR]
+        [--pairs grpo,nft,ff-grpo,ff-nft]
         [--prompts 2 --group 4 --steps 6 --size 64 --batch 4 --micro 4 --window 2 --rank 32]
         [--repeats 5 --warmup 1 --threads 1 --no-memory]
 """
@@ -38,10 +41,12 @@ import torch
 from _peers import Side, Work, measure_child, peak_memory, save_model
 
 PHASES = ("rollout", "reward", "training", "whole", "wall")
-UPDATES = {"grpo": 2, "nft": 1}
-"""Optimizer steps per rollout: flow_grpo's SD3 configs and sd35m-grpo take 2, DiffusionNFT's SD3 PickScore
-config and sd35m-nft take 1."""
-REFERENCE = {"grpo": "flow_grpo", "nft": "DiffusionNFT"}
+UPDATES = {"grpo": 2, "nft": 1, "ff-grpo": 2, "ff-nft": 1}
+"""Optimizer steps per rollout: flow_grpo's SD3 configs, Flow-Factory's SD3.5 GRPO example and sd35m-grpo take 2;
+DiffusionNFT's SD3 PickScore config, Flow-Factory's SD3.5 NFT example and sd35m-nft take 1."""
+REFERENCE = {"grpo": "flow_grpo", "nft": "DiffusionNFT", "ff-grpo": "Flow-Factory", "ff-nft": "Flow-Factory"}
+FLAG = {"grpo": "flow_grpo", "nft": "diffusion_nft", "ff-grpo": "flow_factory", "ff-nft": "flow_factory"}
+"""The pair -> the argument holding its reference's checkout."""
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +55,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--flow-grpo", type=Path, help="a flow_grpo checkout (with scripts/train_sd3_fast.py)"
     )
     parser.add_argument("--diffusion-nft", type=Path, help="a DiffusionNFT checkout")
-    parser.add_argument("--pairs", default="grpo,nft", help="comma-separated: grpo, nft")
+    parser.add_argument("--flow-factory", type=Path, help="a Flow-Factory checkout (with src/flow_factory)")
+    parser.add_argument(
+        "--pairs",
+        help="comma-separated: grpo, nft, ff-grpo, ff-nft (default: grpo, nft, and the ff- pairs with --flow-factory)",
+    )
     for name, default in (("prompts", 2), ("group", 4), ("steps", 6), ("size", 64), ("batch", 4)):
         parser.add_argument(f"--{name}", type=int, default=default)
     for name, default in (("micro", 4), ("window", 2), ("rank", 32), ("repeats", 5), ("warmup", 1)):
@@ -71,22 +80,29 @@ def fail(message: str) -> None:
 
 def check(args: argparse.Namespace) -> list[str]:
     """The pairs to run; bad arguments end here with exit code 2 before anything loads."""
+    if args.pairs is None:
+        args.pairs = "grpo,nft" + (",ff-grpo,ff-nft" if args.flow_factory is not None else "")
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
     bad = [p for p in pairs if p not in UPDATES]
     if bad or not pairs:
-        fail(f"--pairs {args.pairs!r}: choose from grpo, nft (comma-separated).")
+        fail(f"--pairs {args.pairs!r}: choose from grpo, nft, ff-grpo, ff-nft (comma-separated).")
     for flag, folder, need in (
         ("--flow-grpo", args.flow_grpo, "scripts/train_sd3_fast.py"),
         ("--diffusion-nft", args.diffusion_nft, "scripts/train_nft_sd3.py"),
+        ("--flow-factory", args.flow_factory, "src/flow_factory/trainers/nft.py"),
     ):
         if folder is not None and not (folder / need).is_file():
             fail(f"{flag} {folder}: no {need} there; pass the root of that repository's checkout.")
     if args.samples % args.batch or args.samples % args.micro:
         fail(f"--batch {args.batch} and --micro {args.micro} must divide the {args.samples} samples.")
-    if "grpo" in pairs and args.samples // args.micro < UPDATES["grpo"]:
-        fail(f"the grpo pair takes {UPDATES['grpo']} optimizer steps per rollout: --micro {args.micro} must leave "
+    grpo = [p for p in pairs if p.endswith("grpo")]
+    if grpo and args.samples // args.micro < UPDATES["grpo"]:
+        fail(f"the grpo pairs take {UPDATES['grpo']} optimizer steps per rollout: --micro {args.micro} must leave "
              f"at least {UPDATES['grpo']} micro-batches of the {args.samples} samples.")  # fmt: skip
-    if "grpo" in pairs and args.window >= args.steps:
+    if args.flow_factory is not None and any(p.startswith("ff-") for p in pairs) and args.batch != args.micro:
+        fail(f"the ff- pairs need --batch {args.batch} = --micro {args.micro}: Flow-Factory samples and trains "
+             "in batches of one size (per_device_batch_size).")  # fmt: skip
+    if grpo and args.window >= args.steps:
         fail(f"--window {args.window} must be below --steps {args.steps}.")
     return pairs
 
@@ -118,6 +134,10 @@ def build_side(pair: str, side: str, work: Work, args: argparse.Namespace, scrat
         from _peer_flow_grpo import FlowGrpoSide
 
         return FlowGrpoSide(args.flow_grpo, work, model, scratch)
+    if pair.startswith("ff-"):
+        from _peer_flow_factory import FlowFactorySide
+
+        return FlowFactorySide(args.flow_factory, pair[3:], work, model, scratch)
     from _peer_diffusion_nft import DiffusionNftSide
 
     return DiffusionNftSide(args.diffusion_nft, work, model, scratch)
@@ -139,7 +159,11 @@ def time_pair(sides: list[Side], args: argparse.Namespace) -> dict[str, dict[str
 def child_argv(args: argparse.Namespace, pair: str, side: str, work: Work, scratch: Path) -> list[str]:
     argv = ["--child", f"{pair}:{side}", "--work", work.to_json(), "--scratch", str(scratch)]
     argv += ["--threads", str(args.threads or 1)]
-    for flag, folder in (("--flow-grpo", args.flow_grpo), ("--diffusion-nft", args.diffusion_nft)):
+    for flag, folder in (
+        ("--flow-grpo", args.flow_grpo),
+        ("--diffusion-nft", args.diffusion_nft),
+        ("--flow-factory", args.flow_factory),
+    ):
         if folder is not None:
             argv += [flag, str(folder)]
     return argv
@@ -147,11 +171,11 @@ def child_argv(args: argparse.Namespace, pair: str, side: str, work: Work, scrat
 
 def report(pair: str, times: dict, memory: dict, patched: list[str], work: Work) -> None:
     ref = REFERENCE[pair]
-    print(f"\n== pair {pair}: sanarl {'sd35m-' + pair} vs {ref} ==")
+    print(f"\n== pair {pair}: sanarl {'sd35m-' + pair.removeprefix('ff-')} vs {ref} ==")
     print(
         f"work: {work.prompts} prompts x {work.group}, {work.steps} steps, {work.size} px, sample batch "
         f"{work.batch}, micro-batch {work.micro}, {work.updates} optimizer step(s), LoRA r {work.rank}"
-        + (f", SDE window {work.window}" if pair == "grpo" else "")
+        + (f", SDE window {work.window}" if pair.endswith("grpo") else "")
     )
     for name, phases in times.items():
         cells = "  ".join(f"{p} {1e3 * _common.median(v):8.1f} ms" for p, v in phases.items())
@@ -168,15 +192,14 @@ def report(pair: str, times: dict, memory: dict, patched: list[str], work: Work)
     for phase in PHASES:
         ratio = _common.median(times["sanarl"][phase]) / max(_common.median(times[ref][phase]), 1e-12)
         print(f"  [{pair}] ratio sanarl / {ref}, {phase}: {ratio:.3f}")
-    if ref in memory:
-        print(f"  [{pair}] ratio sanarl / {ref}, peak memory: {memory['sanarl'] / max(memory[ref], 1):.3f}")
+    if ref in memory:  # a peak at or below the resident size (tiny work) has no meaningful ratio
+        ratio = f"{memory['sanarl'] / memory[ref]:.3f}" if memory[ref] > 0 else "n/a (reference peak <= 0)"
+        print(f"  [{pair}] ratio sanarl / {ref}, peak memory: {ratio}")
 
 
 def run_pair(pair: str, args: argparse.Namespace, scratch: Path) -> None:
     work = work_for(args, pair)
-    names = ["sanarl"] + (
-        [REFERENCE[pair]] if (args.flow_grpo if pair == "grpo" else args.diffusion_nft) else []
-    )
+    names = ["sanarl"] + ([REFERENCE[pair]] if getattr(args, FLAG[pair]) else [])
     sides = [build_side(pair, "sanarl" if n == "sanarl" else "reference", work, args, scratch) for n in names]
     times = time_pair(sides, args)
     memory = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,11 +48,40 @@ def _layout_problem(images: Any) -> str | None:
     return None
 
 
+class _Checked(threading.local):
+    """The last batch `check_images` passed on this thread: a weak reference to the tensor it returned, that
+    tensor's version counter then, and whether every pixel was finite. `RewardFunction` checks a batch and hands the
+    same tensor to each reward, whose `score` checks it again: the memo turns the repeat into a lookup."""
+
+    ref: weakref.ref | None = None
+    version: int = -1
+    finite: bool = False
+
+
+_CHECKED = _Checked()
+
+
+def _remember(images: torch.Tensor, finite: bool) -> torch.Tensor:
+    _CHECKED.ref, _CHECKED.version, _CHECKED.finite = weakref.ref(images), images._version, finite
+    return images
+
+
+def _known_finite(images: torch.Tensor) -> bool | None:
+    """Whether every pixel of `images` is finite, when `check_images` returned this very tensor unchanged since
+    (same object, same version counter: in-place writes bump it); None when it did not."""
+    ref = _CHECKED.ref
+    if ref is not None and ref() is images and images._version == _CHECKED.version:
+        return _CHECKED.finite
+    return None
+
+
 def check_images(images: Any, reward: str) -> torch.Tensor:
     """Validate `images` `[B, 3, H, W]` float in [0, 1]; returns them detached, round-off clamped to [0, 1].
 
     Non-finite pixels are allowed here (`Reward.score` turns those samples' scores into NaN, so they are dropped
-    and counted downstream). Raises RewardInputError for a wrong type, layout, dtype or range.
+    and counted downstream). Raises RewardInputError for a wrong type, layout, dtype or range. One pass over the
+    pixels (`aminmax`: NaN and infinities show in the minimum or maximum); a batch this function returned before,
+    unchanged since, is not read again.
     """
     problem = _layout_problem(images)
     if problem is not None:
@@ -59,18 +89,21 @@ def check_images(images: Any, reward: str) -> torch.Tensor:
             f"reward {reward!r} takes images as a float tensor [B, 3, H, W] with values in [0, 1]; {problem}. "
             "Pass decoded images in that layout (e.g. (vae_output / 2 + 0.5).clamp(0, 1))."
         )
+    if _known_finite(images) is not None:
+        return images
     images = images.detach()
     low, high = (float(v) for v in images.aminmax())
-    if not (math.isfinite(low) and math.isfinite(high)):  # slow path: range of the finite pixels only
-        finite = images[torch.isfinite(images)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+    finite = math.isfinite(low) and math.isfinite(high)
+    if not finite:  # slow path: range of the finite pixels only
+        kept = images[torch.isfinite(images)]
+        low, high = (float(kept.min()), float(kept.max())) if kept.numel() else (0.0, 1.0)
     if low < -RANGE_TOLERANCE or high > 1.0 + RANGE_TOLERANCE:
         hint = " They look like [-1, 1] images: pass (images + 1) / 2." if low < -0.5 else ""
         raise RewardInputError(
             f"reward {reward!r} takes images with values in [0, 1], got values in [{low:.4g}, {high:.4g}]; "
             f"sanarl does not rescale silently.{hint}"
         )
-    return images if low >= 0.0 and high <= 1.0 else images.clamp(0.0, 1.0)
+    return _remember(images if low >= 0.0 and high <= 1.0 else images.clamp(0.0, 1.0), finite)
 
 
 def check_batch(
@@ -186,13 +219,15 @@ class Reward(ABC):
         prompts, meta = check_batch(images, prompts, metadata, self.name)
         if not self._ready:
             self.setup(self.device)
-        bad = ~torch.isfinite(images).flatten(1).all(dim=1)
-        if bool(bad.any()):
+        bad = None if _known_finite(images) else ~torch.isfinite(images).flatten(1).all(dim=1)
+        if bad is not None and not bool(bad.any()):
+            bad = None
+        if bad is not None:
             images = torch.where(bad.view(-1, *[1] * (images.ndim - 1)), torch.zeros_like(images), images)
         with torch.no_grad():
             out = self._score(images, prompts, meta)
         scores = _normalise_output(out, self.keys, images.shape[0], self.name)
-        if bool(bad.any()):
+        if bad is not None:
             nan, bad_cpu = torch.tensor(float("nan")), bad.cpu()
             scores = {key: torch.where(bad_cpu, nan, value) for key, value in scores.items()}
         return scores

@@ -111,14 +111,18 @@ BENCHES = [
             "1",
             "--warmup",
             "0",
+            "--pairs",
+            "grpo,nft,ff-nft",
         ),  # fmt: skip
         (
             "== pair grpo: sanarl sd35m-grpo vs flow_grpo ==",
             "== pair nft: sanarl sd35m-nft vs DiffusionNFT ==",
+            "== pair ff-nft: sanarl sd35m-nft vs Flow-Factory ==",
             "sanarl       rollout",
             "peak memory of an iteration",
             "(flow_grpo not given: sanarl's side only)",
             "(DiffusionNFT not given: sanarl's side only)",
+            "(Flow-Factory not given: sanarl's side only)",
         ),
     ),
     Bench(
@@ -178,3 +182,39 @@ def test_benchmark_runs_and_prints_its_result(bench: Bench, tmp_path: Path):
     assert done.returncode == 0, report
     missing = [label for label in bench.labels if label not in done.stdout]
     assert missing == [], report
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--pairs", "grpo,dpo"), "--pairs 'grpo,dpo': choose from grpo, nft, ff-grpo, ff-nft"),
+        (("--flow-factory", "{tmp}"), "--flow-factory {tmp}: no src/flow_factory/trainers/nft.py there"),
+        (
+            ("--flow-factory", "{ff}", "--pairs", "ff-nft", "--batch", "4", "--micro", "2"),
+            "the ff- pairs need --batch 4 = --micro 2",
+        ),
+        (
+            ("--flow-grpo", "{tmp}", "--pairs", "grpo"),
+            "--flow-grpo {tmp}: no scripts/train_sd3_fast.py there",
+        ),
+    ],
+    ids=["unknown pair", "not a Flow-Factory checkout", "ff batch != micro", "not a flow_grpo checkout"],
+)
+def test_bench_references_refuses_bad_arguments_before_loading(args, message, tmp_path: Path):
+    """Bad arguments of bench_references.py: the message names the flag and the fix, exit code 2, no model built."""
+    ff = tmp_path / "Flow-Factory"
+    (ff / "src/flow_factory/trainers").mkdir(parents=True)
+    (ff / "src/flow_factory/trainers/nft.py").write_text("")
+    argv = [a.format(tmp=tmp_path, ff=ff) for a in args]
+    done = subprocess.run(
+        [sys.executable, "benchmarks/bench_references.py", *argv],
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message.format(tmp=tmp_path) in done.stderr
+    assert "== pair" not in done.stdout and not list(tmp_path.glob("sanarl-bench-refs-*"))

@@ -150,6 +150,36 @@ def test_non_finite_images_get_nan_scores_and_do_not_touch_the_others() -> None:
     assert scores["b"][[0, 2]].tolist() == [1.0, 2.0]
 
 
+def test_a_checked_batch_is_not_read_again_until_it_changes(monkeypatch) -> None:
+    """check_images reads the pixels once (one aminmax); a batch it returned is not read again by a second check
+    or by score's finiteness test, but a write into it (version counter) makes the next check read it again."""
+    from sanarl.rewards import base
+
+    passes = []
+    real = torch.Tensor.aminmax
+    monkeypatch.setattr(torch.Tensor, "aminmax", lambda self, **kw: passes.append(1) or real(self, **kw))
+    images = base.check_images(torch.rand(2, 3, 4, 4), "t")
+    assert len(passes) == 1 and base.check_images(images, "t") is images and len(passes) == 1
+    scores = TableReward().score(images, ["x", "y"])
+    assert len(passes) == 1 and not torch.isnan(scores["a"]).any()
+    images[1, 0, 0, 0] = float("nan")  # in place: the memo no longer holds
+    scores = TableReward().score(images, ["x", "y"])
+    assert len(passes) == 2 and torch.isnan(scores["a"][1]) and not torch.isnan(scores["a"][0])
+    images[0, 0, 0, 0] = 3.0
+    with pytest.raises(RewardInputError, match=r"values in \[0, 1\], got values in \[.*, 3\]"):
+        base.check_images(images, "t")
+
+
+def test_reward_function_scores_non_finite_samples_as_dropped_after_its_own_check() -> None:
+    fn = RewardFunction(reward_config(RewardFnConfig(name="jpeg_compressibility")))
+    images = torch.rand(3, 3, 16, 16)
+    images[2, 1, 3, 3] = float("inf")
+    result = fn(images, ["a", "b", "c"], None)
+    assert result.nan_mask.tolist() == [False, False, True]
+    expected = -jpeg_kilobytes(images[:2], 95) / 500
+    assert result.total[:2].tolist() == pytest.approx(expected.tolist())
+
+
 def test_model_loads_once_even_from_several_threads() -> None:
     reward = TableReward()
     threads = [threading.Thread(target=reward.score, args=(torch.zeros(1, 3, 2, 2), ["p"])) for _ in range(4)]
