@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -61,8 +63,21 @@ def save_grid(
     tile: int = 128,
     title: str = "",
 ) -> Path:
-    """Write a PNG grid; each image is upscaled (nearest) to `tile` px with its caption below, `title` above."""
+    """Write a PNG grid; each image is upscaled (nearest) to `tile` px with its caption below, `title` above.
+
+    The PNG goes to a fresh temporary file beside `path`, renamed over it: a link planted at `path` is replaced,
+    never written through, and a kill leaves the old grid whole."""
     canvas = grid_canvas(to_uint8(images), captions, columns, tile, title)
     path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            canvas.save(fh, format="PNG")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(name, 0o666 & ~mask)  # the modes a plain new file gets (mkstemp makes it 0600)
+        os.replace(name, path)
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
     return path

@@ -36,6 +36,7 @@ from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError
 from sanarl.training.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
+from sanarl.training.run_files import write_file
 
 IMAGE_PREFIX = "heldout/image/"
 GRID_SAMPLES = 8
@@ -297,7 +298,7 @@ class Guard:
             "message": alarm.message(self.cfg.trained_metric),
             "action": self.cfg.action,
         }
-        record.write_text(json.dumps([*history, entry], indent=2) + "\n")
+        write_file(record, json.dumps([*history, entry], indent=2) + "\n")
         if alarm.best_step not in self.samples or alarm.step not in self.samples:
             return None
         (best, prompts), (now, _) = self.samples[alarm.best_step], self.samples[alarm.step]
@@ -381,7 +382,7 @@ class Guard:
         record = self.root / "alarm.json"
         if record.is_file():
             entries = [e for e in json.loads(record.read_text()) if e["step"] <= step]
-            record.write_text(json.dumps(entries, indent=2) + "\n")
+            write_file(record, json.dumps(entries, indent=2) + "\n")
 
 
 def _step_of(name: str) -> int:
