@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from sanarl import api
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.rewards.base import Reward
 from sanarl.rewards.registry import register
 from sanarl.training.rollout import group_seeds

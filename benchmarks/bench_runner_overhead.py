@@ -37,7 +37,7 @@ def build_runner(out_dir: str, extra: list[str]):
     from accelerate import Accelerator
 
     from sanarl import api
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.training.runner import Runner
     from sanarl.training.setup import MIXED_PRECISION
 

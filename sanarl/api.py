@@ -15,7 +15,7 @@ from sanarl.config.schema import Config
 from sanarl.errors import UserError
 from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
-from sanarl.rewards.preflight import check_reward_prompts
+from sanarl.rewards.reward_checks import check_reward_prompts
 from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
 from sanarl.training.exports import recover_export
 from sanarl.training.preflight import check_outputs, preflight

@@ -368,7 +368,7 @@ IGNORED_KEYS: tuple[str, ...] = (
     "train.train_policy.uncentralized_training",
 )
 """Keys (dotted paths) that only configure Cosmos-RL's own controller; accepted, reported as ignored. The whole of
-Cosmos-RL's schema is covered by `sanarl.config.cosmos_rl` (every key it defines, with what sanarl does instead)."""
+Cosmos-RL's schema is covered by `sanarl.config.cosmos.drop_in` (every key it defines, with what sanarl does instead)."""
 
 ALIASES: dict[str, str] = {"policy.diffusers.timestep_fraction": "policy.diffusers.timesteps_fraction"}
 """Accepted spellings -> canonical key (Cosmos-RL's presets use the misspelt one)."""

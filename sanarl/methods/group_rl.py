@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.group_rl_schema import GroupPolicy
-from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media

@@ -238,7 +238,7 @@ class Reward(ABC):
 
     def check_prompt(self, prompt: str, metadata: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
         """Raise RewardInputError when this reward cannot score `prompt` with `metadata` (checked on the data
-        before any model loads, `sanarl.rewards.preflight`); rewards that score any prompt need nothing."""
+        before any model loads, `sanarl.rewards.reward_checks`); rewards that score any prompt need nothing."""
 
     @abstractmethod
     def _score(

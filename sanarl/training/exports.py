@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from sanarl.training.checkpoint import ASIDE, swap_in, umask_modes
+from sanarl.training.checkpoint_store import ASIDE, swap_in, umask_modes
 from sanarl.training.faults import fail_point, pause_point
 from sanarl.training.run_files import disk_full_error
 

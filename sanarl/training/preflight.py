@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sanarl.config.plugins import plugin_label
+from sanarl.config.dataset_plugins import plugin_label
 from sanarl.config.schema import Config
 from sanarl.errors import DataError, UserError, WeightsError
 from sanarl.rewards.registry import build_reward
 from sanarl.rewards.remote import RemoteRewardFunction
-from sanarl.rewards.weights import env_hub_offline, local_only
-from sanarl.training.checkpoint import (
+from sanarl.rewards.weight_files import env_hub_offline, local_only
+from sanarl.training.checkpoint_store import (
     CheckpointError,
     list_checkpoints,
     read_meta,

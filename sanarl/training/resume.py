@@ -18,7 +18,7 @@ from typing import Any
 
 from sanarl.config.resume_rules import PLUGIN_KEY, config_changes
 from sanarl.errors import UserError
-from sanarl.training.checkpoint import (
+from sanarl.training.checkpoint_store import (
     checkpoint_step,
     list_checkpoints,
     read_meta,

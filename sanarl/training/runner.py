@@ -3,9 +3,9 @@
 Per optimizer step: the task yields micro-batches; each loss is divided by their number before backward (so
 accumulation over micro-batches equals one big batch), gradients are clipped, the optimizer and LR schedule step,
 then the task hook and the EMA run. Every step appends one JSON object to `metrics.jsonl`. The loop composes its
-parts: the trained state (train_state.py: module, optimizer, schedule, EMA), checkpoints (checkpointer.py: every
+parts: the trained state (train_state.py: module, optimizer, schedule, EMA), checkpoints (run_checkpoints.py: every
 `train.ckpt.save_freq` steps or `save_every_minutes`, holding everything resume needs), validations
-(validation.py) and the run's components (components.py: the reward-hacking guard), whose state every checkpoint
+(validation.py) and the run's components (component_hooks.py: the reward-hacking guard), whose state every checkpoint
 holds. Data order and noise are pure functions of (seed, step, rank), so a resumed run continues exactly like an
 uninterrupted one.
 
@@ -36,9 +36,9 @@ from sanarl.config.loader import config_to_dict
 from sanarl.config.schema import Config
 from sanarl.errors import Interrupted, UserError
 from sanarl.rewards.combine import RewardFailure
-from sanarl.rewards.scoring import build_rewards
-from sanarl.training.checkpoint import resolve_resume
-from sanarl.training.checkpointer import Checkpointer
+from sanarl.rewards.held_out import build_rewards
+from sanarl.training.checkpoint_store import resolve_resume
+from sanarl.training.component_set import build_components
 from sanarl.training.data_order import step_generator
 from sanarl.training.distributed import full_parameters, is_fsdp, rank0_minutes_passed, reduce_metrics, scalar
 from sanarl.training.exports import write_export
@@ -47,7 +47,7 @@ from sanarl.training.progress import StepProgress
 from sanarl.training.protocol import Task, planned_steps, run_settings
 from sanarl.training.resume import ResumePlan
 from sanarl.training.reward_stop import rewards_failed
-from sanarl.training.run_components import build_components
+from sanarl.training.run_checkpoints import Checkpointer
 from sanarl.training.stopping import StopRequests
 from sanarl.training.tracking import MetricsLogger, plot_run_metrics
 from sanarl.training.train_state import Tensors, TrainState, divergence
@@ -66,8 +66,8 @@ class RunResult:
 
 class Runner:
     """Owns the loop; the task owns data and objective. The loop composes the trained state
-    (train_state.py), checkpoints (checkpointer.py), validations (validation.py) and the run's components
-    (components.py), and calls them in the order `_train_loop` reads."""
+    (train_state.py), checkpoints (run_checkpoints.py), validations (validation.py) and the run's components
+    (component_hooks.py), and calls them in the order `_train_loop` reads."""
 
     def __init__(
         self,
@@ -108,7 +108,7 @@ class Runner:
             return module
         return torch.compile(module)
 
-    # --- what a component may use (components.RunHandle) -------------------------------------------------------
+    # --- what a component may use (component_hooks.RunHandle) -------------------------------------------------------
     def full_state(self) -> tuple[Tensors, dict]:
         return self.state.full_state()
 

@@ -19,7 +19,7 @@ from torch import nn
 from sanarl import api
 from sanarl.core.selection import select_indices
 from sanarl.errors import UserError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.training import quantize
 from sanarl.training.quantize import Int8DynamicLinear, backend_for
 from sanarl.training.rollout import group_seeds

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sanarl.errors import UserError
-from sanarl.training.checkpoint import (
+from sanarl.training.checkpoint_store import (
     list_checkpoints,
     load_checkpoint,
     load_extra,
@@ -116,7 +116,7 @@ def test_the_checksum_is_a_sha256_over_the_sha256_of_each_block(tmp_path, monkey
     import hashlib
     import os
 
-    from sanarl.training import checkpoint
+    from sanarl.training import checkpoint_store as checkpoint
 
     monkeypatch.setattr(checkpoint, "BLOCK", 1000)
     data = os.urandom(3500)
@@ -131,7 +131,7 @@ def test_the_checksum_is_a_sha256_over_the_sha256_of_each_block(tmp_path, monkey
 
 
 def test_recover_root_puts_back_a_checkpoint_moved_aside_and_drops_leftovers(tmp_path):
-    from sanarl.training.checkpoint import recover_root
+    from sanarl.training.checkpoint_store import recover_root
 
     save(tmp_path, 4).rename(tmp_path / ".old-step_00000004")  # killed between the two renames
     save(tmp_path, 6)

@@ -16,7 +16,7 @@ from sanarl.config.engine import Context, Engine, Hooks
 from sanarl.config.overrides import apply
 from sanarl.config.toml_dump import dump
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import check_config, loads_config
+from sanarl.methods.config_loading import check_config, loads_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sanarl.methods.loading import load_config as _load
+from sanarl.methods.config_loading import load_config as _load
 from sanarl.training.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch
 
 from sanarl.config.presets import shipped_presets
 from sanarl.core.flow import sigma_grid
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.methods.registry import method_of
 from sanarl.models.base import Cond
 from sanarl.models.meta import architecture

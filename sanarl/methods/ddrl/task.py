@@ -29,7 +29,7 @@ from functools import partial
 
 import torch
 
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.ddrl import data_weight, ddrl_advantages, ddrl_loss, select_train_on
 from sanarl.core.flow import interpolate

@@ -28,7 +28,7 @@ from dataclasses import astuple, dataclass, field
 import torch
 
 from sanarl.config.schema import Config
-from sanarl.evaluation.weights import lora_names
+from sanarl.evaluation.apply_checkpoint import lora_names
 from sanarl.methods.registry import method_of
 from sanarl.methods.work import TrainedWork
 from sanarl.models.base import DTYPES, transformer_dtype

@@ -1,11 +1,11 @@
-"""The components a run composes (sanarl/training/components.py), in calling order."""
+"""The components a run composes (sanarl/training/component_hooks.py), in calling order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from sanarl.config.schema import Config
-from sanarl.training.components import RunComponent, RunHandle
+from sanarl.training.component_hooks import RunComponent, RunHandle
 from sanarl.training.guard_run import GuardComponent
 
 
