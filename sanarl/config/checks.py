@@ -73,7 +73,9 @@ def check_diffusers(cfg: Config) -> None:
 def check_validation(cfg: Config) -> None:
     """`[validation.guard]`: its cross-field checks (the run keys' own rules are on their fields)."""
     v = cfg.validation
-    v.guard.check(v)  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
+    v.guard.check(
+        v.enable, v.held_out_rewards
+    )  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
 
 
 def warnings(cfg: Config) -> list[str]:

@@ -30,7 +30,7 @@ from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.held_out import build_rewards
 from sanarl.rewards.reward_checks import check_items
 from sanarl.rewards.summary import compare, summarize
-from sanarl.training.folders import make_dir
+from sanarl.training.run_folder.folders import make_dir
 from sanarl.training.sampling import GenerationSpec
 
 GRID_PROMPTS = 16

@@ -26,7 +26,7 @@ from sanarl.errors import DataError
 from sanarl.methods.config_loading import load_config
 from sanarl.models.base import DiffusionAdapter
 from sanarl.models.weight_sources import TINY_PREFIX
-from sanarl.training.checkpoint_store import list_checkpoints
+from sanarl.training.run_folder.checkpoint_store import list_checkpoints
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 TINY_DEFAULTS: tuple[str, ...] = (

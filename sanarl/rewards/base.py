@@ -1,4 +1,4 @@
-"""The reward interface (DESIGN.md section 3, "Reward"): one scorer behind one small contract.
+"""The reward interface (docs/rewards.md): one scorer behind one small contract.
 
 A reward maps a batch of images `[B, 3, H, W]` (float in [0, 1]) with their prompts and per-sample metadata to a
 dict of score tensors `[B]` (float32, CPU, no gradient). Subclasses implement `_score`; the public `score` checks

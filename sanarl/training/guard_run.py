@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from sanarl.config.schema import Config, ValidationConfig
-from sanarl.training.checkpoint_store import load_checkpoint, load_extra
 from sanarl.training.component_hooks import RunComponent, RunHandle
 from sanarl.training.guard import Guard, check_reward_keys
+from sanarl.training.run_folder.checkpoint_store import load_checkpoint, load_extra
 from sanarl.training.tracking import MetricsLogger
 
 

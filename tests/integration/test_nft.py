@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from sanarl import api
 from sanarl.core.lora import adapter_parameters
 from sanarl.methods.config_loading import load_config
+from sanarl.methods.group_rl.quantize import Int8DynamicLinear
+from sanarl.methods.group_rl.rollout import group_seeds
 from sanarl.training.ema import old_weight_decay
-from sanarl.training.quantize import Int8DynamicLinear
-from sanarl.training.rollout import group_seeds
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ def _refuse(cfg: Config) -> None:
 
 @dataclass(frozen=True)
 class Rules:
-    """A table entry as the loader sees it (`config.methods.MethodRules`), without a task."""
+    """A table entry as the loader sees it (`config.method_rules.MethodRules`), without a task."""
 
     policy_type: str = "sft"
     trainer_type: str = "mine"

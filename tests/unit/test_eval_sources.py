@@ -17,7 +17,7 @@ from sanarl.evaluation.prompts import load_prompts, take
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
 from sanarl.methods.config_loading import load_config
 from sanarl.rewards.held_out import build_rewards, score_images
-from sanarl.training.checkpoint_store import save_checkpoint
+from sanarl.training.run_folder.checkpoint_store import save_checkpoint
 
 PRESETS = Path(__file__).resolve().parents[2] / "sanarl" / "presets"
 

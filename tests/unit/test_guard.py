@@ -14,7 +14,6 @@ from PIL import Image
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.errors import ConfigError
 from sanarl.methods.config_loading import loads_config
-from sanarl.training.checkpoint_store import load_extra, save_checkpoint
 from sanarl.training.guard import (
     Alarm,
     Guard,
@@ -26,6 +25,7 @@ from sanarl.training.guard import (
     image_guard_stats,
     trained_at,
 )
+from sanarl.training.run_folder.checkpoint_store import load_extra, save_checkpoint
 
 EXTRA = GuardMetricConfig("heldout/shapes/extra", "higher", 0.5)
 BRIGHT = GuardMetricConfig("heldout/image/brightness", "lower", 0.1)

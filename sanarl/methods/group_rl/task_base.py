@@ -25,13 +25,13 @@ from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
 from sanarl.methods.checked_task import CheckedTask
-from sanarl.methods.group_config import GroupRLView
+from sanarl.methods.group_rl.config import GroupRLView
+from sanarl.methods.group_rl.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 from sanarl.methods.work import StepPlan
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data_order import step_indices
 from sanarl.training.protocol import RunSettings, per_rank_batch, run_settings
-from sanarl.training.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 
 log = logging.getLogger(__name__)
 
