@@ -33,6 +33,7 @@ from sanarl.config.presets import anchor_dir, anchor_paths, preset_names, preset
 from sanarl.config.schema import Config
 from sanarl.config.sol_rl_names import resolve_sol_rl_name
 from sanarl.config.suggest import closest
+from sanarl.config.user_components import check_components
 from sanarl.errors import ConfigError
 
 ENGINE = Engine(Config, CosmosHooks())
@@ -190,6 +191,7 @@ def _check(cfg: Config, methods: MethodTable) -> list[str]:
         method.validate(cfg)  # the method's own checks (sanarl/methods/<method>/config.py)
     checks.check_diffusers(cfg)
     checks.check_validation(cfg)
+    check_components(cfg.train.components)  # imported now, as a dataset plugin is: before any model loads
     return method.warnings(cfg) + checks.warnings(cfg)
 
 
