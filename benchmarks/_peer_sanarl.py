@@ -61,7 +61,7 @@ class SanarlSide(Side):
 
         from sanarl import api
         from sanarl.config.presets import resolve_preset_path
-        from sanarl.methods.loading import load_config
+        from sanarl.methods.config_loading import load_config
         from sanarl.training.runner import Runner
 
         self.name, self.patched, self.work = "sanarl", [], work

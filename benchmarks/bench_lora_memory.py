@@ -71,7 +71,7 @@ def child(frozen_float32: bool, size: int, batch: int, threads: int, arch: str =
     from diffusers import SanaTransformer2DModel
 
     from sanarl.core.lora import add_lora_adapters
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.models.base import transformer_dtype
 
     torch.set_num_threads(threads)

@@ -27,7 +27,7 @@ WARMUP = 2
 def worker(out: Path, steps: int, batch: int) -> None:
     """One training run (launched once per process)."""
     from sanarl import api
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
 
     overrides = [
         f"train.output_dir={out}",

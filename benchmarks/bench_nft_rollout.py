@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from sanarl import api
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
+from sanarl.methods.group_rl.rollout import group_seeds
 from sanarl.rewards.base import Reward
 from sanarl.rewards.registry import register
-from sanarl.training.rollout import group_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "sanarl" / "presets" / "tiny-shapes-nft.toml"

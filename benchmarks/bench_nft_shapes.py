@@ -17,7 +17,7 @@ from pathlib import Path
 from sanarl import api
 from sanarl.evaluation import build_rewards, describe, generate_and_score, load_source, resolve_checkpoint
 from sanarl.evaluation.prompts import shapes_prompts
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models import load_adapter
 from sanarl.training.sampling import GenerationSpec
 

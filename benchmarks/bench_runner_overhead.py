@@ -37,9 +37,9 @@ def build_runner(out_dir: str, extra: list[str]):
     from accelerate import Accelerator
 
     from sanarl import api
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
+    from sanarl.training.run_folder.setup import MIXED_PRECISION
     from sanarl.training.runner import Runner
-    from sanarl.training.setup import MIXED_PRECISION
 
     overrides = [
         f"train.output_dir={out_dir}",

@@ -1,6 +1,6 @@
-"""The HTTP API (FastAPI): enqueue, pull, ping, health. Thin: parsing is protocol.py, Redis is broker.py.
+"""The HTTP API (FastAPI): enqueue, pull, ping, health. Thin: parsing is wire_format.py, Redis is broker.py.
 
-Answers (DESIGN.md section 4, issue 5):
+Answers (docs/reward-service.md, "Wire format" and "Reliability model"):
     POST /api/reward/enqueue   200 {"uuid"} | 401 token | 409 request id reused with another body | 413 too large
                                | 422 malformed or unknown reward | 429 queue full | 503 Redis unreachable or
                                a requested reward has no live worker (`no_worker` lists them)
@@ -40,8 +40,8 @@ from reward_service.broker import (
 )
 from reward_service.config import REWARD_NAME, ServiceConfig
 from reward_service.keys import Keys
-from reward_service.protocol import REQUEST_ID, EnqueueRequest, PayloadError, parse_enqueue
 from reward_service.signing import result_key
+from reward_service.wire_format import REQUEST_ID, EnqueueRequest, PayloadError, parse_enqueue
 
 FORM_LIMIT = 64 * 1024
 """Largest pull / ping form body."""

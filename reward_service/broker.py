@@ -21,8 +21,8 @@ from typing import Any
 from reward_service.config import LimitsConfig, WorkersConfig
 from reward_service.keys import WAKE_CAP, Keys, queue_item, split_item
 from reward_service.lua import Scripts
-from reward_service.protocol import EnqueueRequest
 from reward_service.signing import ForgedResult, open_result, sign, task_signature
+from reward_service.wire_format import EnqueueRequest
 
 log = logging.getLogger("reward_service.broker")
 

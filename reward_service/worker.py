@@ -36,12 +36,12 @@ from typing import Any
 
 import redis
 
+from reward_service.batch_scoring import Outcome, Task, score_tasks
 from reward_service.config import ServiceConfig, load_service_config
 from reward_service.keys import WAKE_CAP, Keys, split_item
 from reward_service.lua import Scripts
-from reward_service.protocol import decode_array
-from reward_service.scoring import Outcome, Task, score_tasks
 from reward_service.signing import genuine, result_key, sign, task_signature
+from reward_service.wire_format import decode_array
 from sanarl.errors import ConfigError, UserError
 
 log = logging.getLogger("reward_service.worker")

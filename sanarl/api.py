@@ -15,16 +15,16 @@ from sanarl.config.schema import Config
 from sanarl.errors import UserError
 from sanarl.methods.registry import task_class
 from sanarl.models import load_adapter
-from sanarl.rewards.preflight import check_reward_prompts
+from sanarl.rewards.reward_checks import check_reward_prompts
 from sanarl.training.distributed import drop_single_process_state, enable_fsdp_on_cpu, on_cpu
-from sanarl.training.exports import recover_export
 from sanarl.training.preflight import check_outputs, preflight
 from sanarl.training.protocol import Task
-from sanarl.training.resume import ResumePlan, apply_plan, plan_resume, refuse_going_back
-from sanarl.training.run_files import disk_full_error, remove_stale_temporaries, write_file
-from sanarl.training.run_lock import run_lock
+from sanarl.training.run_folder.exports import recover_export
+from sanarl.training.run_folder.resume import ResumePlan, apply_plan, plan_resume, refuse_going_back
+from sanarl.training.run_folder.run_files import disk_full_error, remove_stale_temporaries, write_file
+from sanarl.training.run_folder.run_lock import run_lock
+from sanarl.training.run_folder.setup import MIXED_PRECISION, check_writable, prepare_run_dir
 from sanarl.training.runner import Runner, RunResult
-from sanarl.training.setup import MIXED_PRECISION, check_writable, prepare_run_dir
 
 
 @dataclass

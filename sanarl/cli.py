@@ -21,7 +21,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.presets import preset_summary, resolve_preset_path, shipped_presets
 from sanarl.ui import PlainUsage, console, guarded, out, run_typer
 
@@ -65,9 +65,9 @@ def train(
 
 def _train(config: str, plugin_spec: str, overrides: list[str] | None, dry_run: bool) -> None:
     from sanarl import api
-    from sanarl.config.plugins import cosmos_plugin, resolve_plugin
-    from sanarl.methods.loading import load_config
-    from sanarl.rewards.preflight import check_reward_names
+    from sanarl.config.dataset_plugins import cosmos_plugin, resolve_plugin
+    from sanarl.methods.config_loading import load_config
+    from sanarl.rewards.reward_checks import check_reward_names
     from sanarl.tools.capacity.fit import check_fits_machine
     from sanarl.training.distributed import launch_state
 
@@ -185,12 +185,12 @@ def _validate(
     config: str, plugin_spec: str, overrides: list[str] | None, world_size: int | None, capacity=None
 ) -> None:
     from sanarl.config import load_plugin
-    from sanarl.config.cosmos_rl import planned_world_size, report
-    from sanarl.methods.loading import load_config
+    from sanarl.config.cosmos.drop_in import planned_world_size, report
+    from sanarl.methods.config_loading import load_config
     from sanarl.methods.registry import task_class
-    from sanarl.models.loading import TINY_PREFIX, local_weights
     from sanarl.models.tiny import check_tiny_name
-    from sanarl.rewards.preflight import check_reward_names, check_reward_prompts
+    from sanarl.models.weight_sources import TINY_PREFIX, local_weights
+    from sanarl.rewards.reward_checks import check_reward_names, check_reward_prompts
     from sanarl.training.preflight import check_outputs, preflight
 
     path = resolve_preset_path(config)
@@ -257,7 +257,7 @@ def _validation_rows(cfg, plugin: DatasetPlugin) -> list[tuple[str, str]]:
 def _default_report(loaded) -> list[str]:
     """For a Cosmos-RL launch file (it sets `redis` or `mode`): the keys it leaves out whose Cosmos-RL default
     differs from sanarl's, so the user sees where the run differs from Cosmos-RL's."""
-    from sanarl.config.cosmos_rl import default_differences
+    from sanarl.config.cosmos.drop_in import default_differences
 
     if not {"redis", "mode"} & set(loaded.cosmos):
         return []

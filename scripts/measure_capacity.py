@@ -80,11 +80,11 @@ print("MEASURED " + json.dumps({"peak": status("VmHWM") - base, "code": code}))
 
 TRANSFORMER = r"""
 import json, sys, torch
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.config.presets import resolve_preset_path
 from sanarl.core.lora import add_lora_adapters
 from sanarl.models.meta import architecture, default_lora_targets, example_inputs, _find_class
-from sanarl.evaluation.weights import lora_names
+from sanarl.evaluation.apply_checkpoint import lora_names
 from sanarl.methods.registry import method_of
 
 
@@ -137,7 +137,7 @@ print("MEASURED " + json.dumps({"weights": weights, "step": status("VmHWM") - ba
 def measure_transformer(args: list[str]) -> dict:
     """{"weights", "weights_estimated", "step", "step_estimated"} of one micro-step of the preset's transformer."""
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.tools.capacity.memory import estimate
 
     config = args[args.index("--config") + 1]
@@ -172,7 +172,7 @@ def measure(args: list[str], steps: int, read_weights: bool = False) -> dict:
     """{"measured", "estimated", "error", "phase"} of the training run `args` for `steps` optimizer steps;
     `read_weights` reads every weight of the pipeline once when it loads (see the module docstring)."""
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.tools.capacity.memory import estimate
 
     with tempfile.TemporaryDirectory() as out:

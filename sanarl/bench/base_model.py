@@ -24,9 +24,9 @@ import torch
 from sanarl import api
 from sanarl.config.presets import data_dir, resolve_preset_path
 from sanarl.errors import DataError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models.tiny import ensure_tiny_pipeline
-from sanarl.training.checkpoint import list_checkpoints, load_checkpoint
+from sanarl.training.run_folder.checkpoint_store import list_checkpoints, load_checkpoint
 
 
 @dataclass(frozen=True)

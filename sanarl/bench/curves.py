@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sanarl.training.checkpoint import list_checkpoints
+from sanarl.training.run_folder.checkpoint_store import list_checkpoints
 from sanarl.training.tracking import read_metrics
 
 CURVE_KEYS: tuple[tuple[str, str], ...] = (

@@ -29,8 +29,8 @@ from sanarl.config.presets import resolve_preset_path
 from sanarl.evaluation.prompts import PromptSet, shapes_prompts
 from sanarl.evaluation.run import EvalSettings, evaluate_source
 from sanarl.evaluation.sources import ModelSource, load_source, resolve_checkpoint, resolve_model
-from sanarl.methods.loading import load_config
-from sanarl.rewards.scoring import build_rewards
+from sanarl.methods.config_loading import load_config
+from sanarl.rewards.held_out import build_rewards
 from sanarl.training.sampling import GenerationSpec
 from sanarl.training.tracking import read_metrics
 

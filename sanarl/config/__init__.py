@@ -1,14 +1,13 @@
 """Typed configuration: the schema, TOML loading with `--set` overrides and checks, and dataset-plugin resolution.
 
 Precedence: `--set` overrides > preset file > schema defaults. The loader (`loader.py`) is handed the method
-table it checks against; `sanarl.methods.loading` has `load_config` / `loads_config` / `check_config` with the
+table it checks against; `sanarl.methods.config_loading` has `load_config` / `loads_config` / `check_config` with the
 method registry's table.
 """
 
 from __future__ import annotations
 
-from sanarl.config.loader import LoadedConfig, apply_overrides, config_to_dict, dump_toml
-from sanarl.config.plugins import (
+from sanarl.config.dataset_plugins import (
     DatasetPlugin,
     LoadedPlugin,
     builtin_plugins,
@@ -17,6 +16,7 @@ from sanarl.config.plugins import (
     plugin_label,
     resolve_plugin,
 )
+from sanarl.config.loader import LoadedConfig, apply_overrides, config_to_dict, dump_toml
 from sanarl.config.schema import (
     ALIASES,
     IGNORED_KEYS,

@@ -4,13 +4,13 @@ Each raises `ConfigError` naming the key and the fix. The choices of Literal fie
 fields (`Annotated[int, AtLeast(1)]`, sanarl/config/ranges.py) are checked from their types by the engine
 (`engine.Engine.check_choices`, first); what is here depends on more than one key, or on a condition. The checks
 and warnings that concern one method are its own (`validate(cfg)` and `warnings(cfg)` in
-sanarl/methods/<method>/config.py), which the loader reads off the method table it is handed (`methods.py`). The
+sanarl/methods/<method>/config.py), which the loader reads off the method table it is handed (`method_rules.py`). The
 order in which `loader.check_config` runs them is the order in which errors are reported.
 """
 
 from __future__ import annotations
 
-from sanarl.config.methods import MethodRules, MethodTable, rules_of, trainer_types
+from sanarl.config.method_rules import MethodRules, MethodTable, rules_of, trainer_types
 from sanarl.config.ranges import Range
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
@@ -73,7 +73,9 @@ def check_diffusers(cfg: Config) -> None:
 def check_validation(cfg: Config) -> None:
     """`[validation.guard]`: its cross-field checks (the run keys' own rules are on their fields)."""
     v = cfg.validation
-    v.guard.check(v)  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
+    v.guard.check(
+        v.enable, v.held_out_rewards
+    )  # [validation.guard]: its checks sit beside its fields (schema.GuardConfig.check)
 
 
 def warnings(cfg: Config) -> list[str]:

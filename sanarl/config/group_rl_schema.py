@@ -30,7 +30,7 @@ GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl")
 
 @dataclass
 class GroupPolicy(RewardKeys):
-    """The `[train.train_policy]` keys every group-RL method reads (sanarl/methods/group_rl.py): the reward, the
+    """The `[train.train_policy]` keys every group-RL method reads (sanarl/methods/group_rl/task_base.py): the reward, the
     KL weight, the advantage clip and its normalisation, the updates per rollout."""
 
     METHODS: ClassVar[tuple[str, ...]] = GROUP_RL
@@ -145,7 +145,7 @@ class RolloutConfig:
     GPUs: transformer-engine, else torch-native FP8) | e2m1_delayed (Sol-RL's recipe, transformer-engine
     DelayedScaling(fp8_format=E2M1, amax_history_len=16), which runs as FP8 E5M2 on sm_89+) | int8 (CPU: dynamic int8
     linear layers) | auto (the best of those the machine has) | bf16 (no quantization: the preview is cheaper by its
-    step count only). Backends: sanarl/training/quantize.py."""
+    step count only). Backends: sanarl/methods/group_rl/quantize.py."""
     nvfp4_min_dim: int = 2240
     """Linear layers (1x1 convolutions included) whose largest side is <= this stay unquantized; `sanarl validate`
     prints how many layers and what share of the weights the quantized copy replaces."""

@@ -5,14 +5,11 @@ re-exports it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, get_args
+from typing import Annotated, get_args
 
 from sanarl.config.choices import GuardAction, GuardWorse
 from sanarl.config.ranges import AtLeast
 from sanarl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from sanarl.config.schema import ValidationConfig
 
 GUARD_WORSE = get_args(GuardWorse)
 """`worse` of a guard metric: the direction in which it worsens."""
@@ -53,14 +50,15 @@ class GuardConfig:
     """log: record the alarm and grids, go on; stop: stop at that validation and export the best checkpoint by the
     guard (rollback), exit code 0."""
 
-    def check(self, validation: ValidationConfig) -> None:
-        """Raise ConfigError naming the key and the fix on an invalid guard. `action` and `worse` are checked from
-        their types by the config engine, even while the guard is off, so a typo does not wait for the run that
-        turns it on."""
+    def check(self, validation_enabled: bool, held_out_rewards: list[str]) -> None:
+        """Raise ConfigError naming the key and the fix on an invalid guard, given `validation.enable` and
+        `validation.held_out_rewards` (the schema's section holds this one; it passes them, so the guard's schema
+        imports nothing of it). `action` and `worse` are checked from their types by the config engine, even while
+        the guard is off, so a typo does not wait for the run that turns it on."""
         where = "validation.guard"
         if not self.enable:
             return
-        if not validation.enable:
+        if not validation_enabled:
             raise ConfigError(
                 f"`{where}.enable` = true needs `validation.enable = true` (the guard reads validations)."
             )
@@ -70,7 +68,7 @@ class GuardConfig:
                 '`metrics = [{ key = "heldout/shapes/extra", worse = "higher", margin = 0.3 }]`.'
             )
         for i, m in enumerate(self.metrics):
-            self._check_metric(m, f"{where}.metrics[{i}]", validation.held_out_rewards)
+            self._check_metric(m, f"{where}.metrics[{i}]", held_out_rewards)
 
     @staticmethod
     def _check_metric(m: GuardMetricConfig, where: str, held_out: list[str]) -> None:

@@ -4,14 +4,14 @@ Precedence: `--set` overrides > preset file > the defaults of `schema.py`.
 
 The strict build (unknown keys with a did-you-mean, exact types, Literal choices) is the generic engine of
 `engine.py` (with `overrides.py` for `--set` and `toml_dump.py` for the writer); Cosmos-RL's keys plug into it
-through `cosmos_hooks.CosmosHooks`: keys of Cosmos-RL's schema that sanarl does not use are accepted, dropped,
+through `schema_hooks.CosmosHooks`: keys of Cosmos-RL's schema that sanarl does not use are accepted, dropped,
 listed in `LoadedConfig.ignored` and kept with their values in `LoadedConfig.cosmos`; aliases and Cosmos-RL
 spellings of values are renamed with a note in `LoadedConfig.notes`. The checks are `checks.py` (generic) and
 each method's `validate(cfg)` and `warnings(cfg)` (sanarl/methods/<method>/config.py), run by `check_config`.
 
 The loader knows no method: its caller hands it the method table (`methods`, a `methods.MethodTable`), which
 says which `(train.train_policy.type, trainer_type)` pairs exist and holds their checks. The method registry's
-table is that argument everywhere: `sanarl.methods.loading` binds it (docs/architecture.md, "Layers").
+table is that argument everywhere: `sanarl.methods.config_loading` binds it (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -23,15 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sanarl.config import checks, cosmos_rl, toml_dump
-from sanarl.config.cosmos_hooks import CosmosHooks
+from sanarl.config import checks, toml_dump
+from sanarl.config.cosmos import drop_in
+from sanarl.config.cosmos.schema_hooks import CosmosHooks
 from sanarl.config.engine import Context, Engine
-from sanarl.config.methods import MethodTable
+from sanarl.config.method_rules import MethodTable
 from sanarl.config.overrides import apply as apply_to
 from sanarl.config.presets import anchor_dir, anchor_paths, preset_names, presets_dir, resolve_preset_path
 from sanarl.config.schema import Config
 from sanarl.config.sol_rl_names import resolve_sol_rl_name
 from sanarl.config.suggest import closest
+from sanarl.config.user_components import check_components
 from sanarl.errors import ConfigError
 
 ENGINE = Engine(Config, CosmosHooks())
@@ -108,8 +110,8 @@ def loads_config(
     if isinstance(source, Path):  # ... and --set values against the current directory
         cfg = anchor_paths(cfg, Path.cwd())
     cosmos_notes = [
-        cosmos_rl.inferred_type_note(ctx.given, ctx.dropped),
-        cosmos_rl.adapt_sft_batch(cfg, ctx.dropped),
+        drop_in.inferred_type_note(ctx.given, ctx.dropped),
+        drop_in.adapt_sft_batch(cfg, ctx.dropped),
     ]
     ctx.notes.extend(note for note in cosmos_notes if note)
     ctx.notes.extend(check_config(cfg, methods))
@@ -189,6 +191,7 @@ def _check(cfg: Config, methods: MethodTable) -> list[str]:
         method.validate(cfg)  # the method's own checks (sanarl/methods/<method>/config.py)
     checks.check_diffusers(cfg)
     checks.check_validation(cfg)
+    check_components(cfg.train.components)  # imported now, as a dataset plugin is: before any model loads
     return method.warnings(cfg) + checks.warnings(cfg)
 
 

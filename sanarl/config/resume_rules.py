@@ -2,11 +2,11 @@
 
 A checkpoint records the config and plugin of the run that wrote it. A resume compares them key by key with the
 config it is given: a change of a key in `RESUME_MAY_CHANGE` (run length, checkpointing, validation cadence,
-validation and its reward-hacking guard, logging, speed and memory settings that leave the maths alone) is
-applied and recorded; any other change (model,
-LoRA shape, method, optimizer, learning rate, batch, data, rewards, the plugin) is refused, because the
-checkpoint's optimizer and schedule state would silently keep the old values, or the weights would continue on
-other data. A rewind (`train.resume = <path>`) starts a new timeline from that checkpoint and may also change the
+validation and its reward-hacking guard, the user's run components, logging, speed and memory settings that leave
+the maths alone) is applied and recorded; any other change (model, LoRA shape, method, optimizer, learning rate,
+batch, data, rewards, the plugin) is refused, because the checkpoint's optimizer and schedule state would silently
+keep the old values, or the weights would continue on other data. A rewind (`train.resume = <path>`) starts a new
+timeline from that checkpoint and may also change the
 keys in `BRANCH_MAY_CHANGE`.
 """
 
@@ -22,6 +22,7 @@ RESUME_MAY_CHANGE = frozenset(
         "train.max_num_steps",
         "train.max_wall_minutes",
         "train.compile",
+        "train.components",
         "train.ckpt",
         "validation",
         "logging",

@@ -43,6 +43,7 @@ from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
 from sanarl.config.ranges import Above, AtLeast, Holds, Items, NotBlank, Only, Within
 from sanarl.config.reward_schema import RemoteRewardConfig, RewardFnConfig  # noqa: F401 (re-exported)
 from sanarl.config.soar_schema import SoarConfig
+from sanarl.config.user_components import dotted_names
 
 MAX_SEED = 2**32 - 1
 """The largest `train.seed` (per-step seeds add the step and rank to it; numpy takes 32-bit seeds)."""
@@ -295,6 +296,17 @@ class TrainConfig:
     max_wall_minutes: Annotated[float | None, Above(0.0)] = None
     """Stop after the optimizer step that crosses this wall-clock budget (minutes since start, resumes included
     from their restart; None = no limit); the run then checkpoints and exports as at a normal end."""
+    components: Annotated[
+        list[str],
+        Holds(
+            dotted_names,
+            "dotted module names",
+            "`{key}` = {value!r} must list dotted module names (e.g. `my_pkg.my_component`), one per component.",
+        ),
+    ] = field(default_factory=list)
+    """Run components of your own (docs/architecture.md, "Run components"): dotted module names, each defining
+    `build_component(cfg, run, run_dir)` that returns a RunComponent or None; they run after sanarl's own (the
+    reward-hacking guard), in this order. Each module is imported and checked when the config loads."""
     train_policy: TrainPolicyConfig = field(default_factory=TrainPolicyConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
 
@@ -368,7 +380,7 @@ IGNORED_KEYS: tuple[str, ...] = (
     "train.train_policy.uncentralized_training",
 )
 """Keys (dotted paths) that only configure Cosmos-RL's own controller; accepted, reported as ignored. The whole of
-Cosmos-RL's schema is covered by `sanarl.config.cosmos_rl` (every key it defines, with what sanarl does instead)."""
+Cosmos-RL's schema is covered by `sanarl.config.cosmos.drop_in` (every key it defines, with what sanarl does instead)."""
 
 ALIASES: dict[str, str] = {"policy.diffusers.timestep_fraction": "policy.diffusers.timesteps_fraction"}
 """Accepted spellings -> canonical key (Cosmos-RL's presets use the misspelt one)."""

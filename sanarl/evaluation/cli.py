@@ -63,7 +63,7 @@ def _eval(*, checkpoints, models, prompts, dataset, rewards, output, config, num
     from sanarl.evaluation.prompts import load_prompts
     from sanarl.evaluation.run import EvalSettings, run_eval
     from sanarl.evaluation.sources import resolve_checkpoint, resolve_model, unique_labels
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
 
     if not checkpoints and not models:
         raise UserError("nothing to evaluate: give `--model ID` and/or `--checkpoint DIR` (each repeatable).")

@@ -23,14 +23,14 @@ import torch
 from sanarl.config.schema import Config
 from sanarl.core.images import save_grid, to_uint8
 from sanarl.errors import UserError
+from sanarl.evaluation.generation import generate_and_score
 from sanarl.evaluation.prompts import PromptSet
-from sanarl.evaluation.scoring import generate_and_score
 from sanarl.evaluation.sources import ModelSource, load_source, safe_name
 from sanarl.models.base import DiffusionAdapter
-from sanarl.rewards.preflight import check_items
-from sanarl.rewards.scoring import build_rewards
+from sanarl.rewards.held_out import build_rewards
+from sanarl.rewards.reward_checks import check_items
 from sanarl.rewards.summary import compare, summarize
-from sanarl.training.folders import make_dir
+from sanarl.training.run_folder.folders import make_dir
 from sanarl.training.sampling import GenerationSpec
 
 GRID_PROMPTS = 16

@@ -23,10 +23,10 @@ import torch
 
 from sanarl.config import Config, apply_overrides
 from sanarl.errors import DataError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models.base import DiffusionAdapter
-from sanarl.models.loading import TINY_PREFIX
-from sanarl.training.checkpoint import list_checkpoints
+from sanarl.models.weight_sources import TINY_PREFIX
+from sanarl.training.run_folder.checkpoint_store import list_checkpoints
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 TINY_DEFAULTS: tuple[str, ...] = (
@@ -149,7 +149,7 @@ def load_source(source: ModelSource, device: torch.device | str = "cpu") -> Diff
     quiet_libraries()
     adapter = load_adapter(source.config.policy, device)
     if source.kind == "checkpoint" and source.checkpoint is not None:
-        from sanarl.evaluation.weights import apply_checkpoint
+        from sanarl.evaluation.apply_checkpoint import apply_checkpoint
 
         apply_checkpoint(adapter, source.config, source.checkpoint, use_ema=source.use_ema)
     elif source.kind == "lora" and source.lora_dir is not None:

@@ -1,2 +1,3 @@
 """The post-training methods, one folder each (task.py: the method step by step; config.py: its config view and
-checks), the group-RL base DiffusionNFT and Flow-GRPO share (group_rl.py) and the registry (registry.py)."""
+checks), group RL, what DiffusionNFT and Flow-GRPO share (group_rl/: the task base, rollout families, inference
+copies, quantization) and the registry (registry.py)."""

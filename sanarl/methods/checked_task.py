@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.datasets.common import collate as default_collate
-from sanarl.methods.loading import check_config
+from sanarl.methods.config_loading import check_config
 from sanarl.models.base import DiffusionAdapter
 from sanarl.training.protocol import Task, load_train_dataset
 

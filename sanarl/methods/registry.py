@@ -3,7 +3,7 @@
 Each entry names what selects the method (`train.train_policy.type` / `trainer_type`), the task that runs it, its
 typed config view, its checks and warnings, the `sanarl bench shapes` runs of it (bench name -> shipped preset) and
 the cost arithmetic the bench and the capacity plan report. The config loader is handed this table
-(`sanarl.methods.loading`; an entry is the loader's `config.methods.MethodRules`); `sanarl train` / `validate`,
+(`sanarl.methods.config_loading`; an entry is the loader's `config.method_rules.MethodRules`); `sanarl train` / `validate`,
 evaluation (a task's LoRA names), the capacity plan and the bench read it too. Adding a method is a folder
 `sanarl/methods/<name>/` (task.py, config.py) plus one entry in METHODS (docs/architecture.md, "Adding a method").
 Task modules are imported on use, so loading a config never imports torch.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sanarl.config.methods import rules_of
+from sanarl.config.method_rules import rules_of
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.ddrl import config as ddrl

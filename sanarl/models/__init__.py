@@ -9,7 +9,7 @@ import torch
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import WeightsError
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.models.loading import pipeline_class_name, resolve_weights
+from sanarl.models.weight_sources import pipeline_class_name, resolve_weights
 
 ADAPTERS: dict[str, str] = {
     "SanaPipeline": "sanarl.models.sana:SanaAdapter",

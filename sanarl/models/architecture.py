@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from sanarl.config.presets import data_dir
-from sanarl.models.loading import TINY_PREFIX, local_weights
 from sanarl.models.tiny import ensure_tiny_pipeline
+from sanarl.models.weight_sources import TINY_PREFIX, local_weights
 
 ARCHITECTURES_DIR = data_dir("models", "architectures")
 

@@ -69,8 +69,8 @@ def shipped_architectures() -> dict[str, Path]:
 def architecture(name: str) -> Architecture:
     """The architecture of `policy.model_name_or_path = name` (see the module docstring); ConfigError when none of
     the three sources knows it."""
-    from sanarl.models.loading import TINY_PREFIX
     from sanarl.models.tiny import SHIPPED, SHIPPED_DIR
+    from sanarl.models.weight_sources import TINY_PREFIX
 
     if name in shipped_architectures():
         return _shipped(name, shipped_architectures()[name])
@@ -176,8 +176,8 @@ def _from_modules(name: str, pipeline: str, source: str, modules: dict[str, nn.M
 def meta_text_encoders(name: str) -> dict[str, nn.Module]:
     """The text encoder modules on meta, where their configs are here (local and tiny pipelines); {} for the
     shipped hub configs, which carry parameter counts only."""
-    from sanarl.models.loading import TINY_PREFIX
     from sanarl.models.tiny import SHIPPED, SHIPPED_DIR
+    from sanarl.models.weight_sources import TINY_PREFIX
 
     if name in shipped_architectures():
         return {}

@@ -1,4 +1,4 @@
-"""The reward interface (DESIGN.md section 3, "Reward"): one scorer behind one small contract.
+"""The reward interface (docs/rewards.md): one scorer behind one small contract.
 
 A reward maps a batch of images `[B, 3, H, W]` (float in [0, 1]) with their prompts and per-sample metadata to a
 dict of score tensors `[B]` (float32, CPU, no gradient). Subclasses implement `_score`; the public `score` checks
@@ -238,7 +238,7 @@ class Reward(ABC):
 
     def check_prompt(self, prompt: str, metadata: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
         """Raise RewardInputError when this reward cannot score `prompt` with `metadata` (checked on the data
-        before any model loads, `sanarl.rewards.preflight`); rewards that score any prompt need nothing."""
+        before any model loads, `sanarl.rewards.reward_checks`); rewards that score any prompt need nothing."""
 
     @abstractmethod
     def _score(

@@ -1,7 +1,7 @@
 """A frozen transformers CLIPModel with its tensor preprocessing and tokenizer, turning images and prompts into
 features.
 
-Models are loaded with `CLIPModel.from_pretrained(<local directory>)` (directories from `sanarl.rewards.weights`),
+Models are loaded with `CLIPModel.from_pretrained(<local directory>)` (directories from `sanarl.rewards.weight_files`),
 the one code path real and tiny test checkpoints share, and cached by (directory, device, dtype) so that rewards
 sharing a checkpoint share one copy. Features are computed in the configured dtype on the configured device,
 `batch_size` samples at a time, and returned L2-normalised in float32:
@@ -117,7 +117,7 @@ class ClipEncoder:
         batch_size: int,
         text: bool = True,
     ) -> ClipEncoder:
-        """Load from local directories (see `sanarl.rewards.weights.resolve_dirs`); the model is shared through the model cache."""
+        """Load from local directories (see `sanarl.rewards.weight_files.resolve_dirs`); the model is shared through the model cache."""
         loaded = load_clip_model(model_dir, device, dtype)
         transform = ImageTransform.from_processor(_load_processor_part("image", processor_dir))
         tokenizer = _load_processor_part("tokenizer", processor_dir) if text else None

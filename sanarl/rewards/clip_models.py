@@ -1,7 +1,7 @@
 """The CLIP-family rewards' base (pickscore, clipscore, aesthetic) and the public face of their machinery.
 
 Weights: a reward's `model` / `processor` option is a local directory (a `save_pretrained` folder) or a Hub id,
-resolved local-first by `sanarl.rewards.weights` (one `WeightsError` names everything missing). The model is loaded
+resolved local-first by `sanarl.rewards.weight_files` (one `WeightsError` names everything missing). The model is loaded
 with `CLIPModel.from_pretrained(<local directory>)` and turned into features by `sanarl.rewards.clip_encoder`;
 images are preprocessed on tensors by `sanarl.rewards.clip_preprocess`. This module re-exports the names users of
 the CLIP machinery need (`ClipEncoder`, `ImageTransform`, `center_crop`, `clear_model_cache`, ...).
@@ -17,7 +17,7 @@ import torch
 from sanarl.rewards.clip_encoder import ClipEncoder, LoadedClip, clear_model_cache, load_clip_model
 from sanarl.rewards.clip_preprocess import ImageTransform, center_crop, resize_shortest_edge
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import Missing, resolve_dirs
+from sanarl.rewards.weight_files import Missing, resolve_dirs
 
 __all__ = [
     "ClipEncoder",

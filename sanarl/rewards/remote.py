@@ -501,7 +501,7 @@ def to_uint8_payload(images: torch.Tensor) -> np.ndarray:
 
 
 def encode_request(header: Mapping[str, Any], images: torch.Tensor) -> bytes:
-    """The enqueue body `json + b"\\n" + npy` (DESIGN.md section 4) of float pixels in [0, 1]: the npy holds
+    """The enqueue body `json + b"\\n" + npy` (docs/reward-service.md, "Wire format") of float pixels in [0, 1]: the npy holds
     `to_uint8_payload(images)` in format 1.0 (what `np.save(..., allow_pickle=False)` writes), built with one copy
     of the pixels. Raises RewardInputError when the header is not JSON-serialisable."""
     array = to_uint8_payload(images)

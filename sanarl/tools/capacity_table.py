@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from sanarl.config.cosmos_rl import planned_world_size
+from sanarl.config.cosmos.drop_in import planned_world_size
 from sanarl.config.presets import shipped_presets
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.tools.capacity.accelerators import ACCELERATORS, MFU
 from sanarl.tools.capacity.flops import iteration_flops, iteration_seconds
 from sanarl.tools.capacity.memory import estimate

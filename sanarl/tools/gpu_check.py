@@ -118,7 +118,7 @@ def run_check(check: Check, cuda: bool, workdir: Path) -> dict[str, float]:
 
     from sanarl import api
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.training.tracking import read_metrics
 
     out = workdir / check.name

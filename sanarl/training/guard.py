@@ -35,8 +35,8 @@ import torch
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError
-from sanarl.training.checkpoint import checkpoint_name, list_checkpoints, save_checkpoint
-from sanarl.training.run_files import write_file
+from sanarl.training.run_folder.checkpoint_store import checkpoint_name, list_checkpoints, save_checkpoint
+from sanarl.training.run_folder.run_files import write_file
 
 IMAGE_PREFIX = "heldout/image/"
 GRID_SAMPLES = 8

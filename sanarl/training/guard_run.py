@@ -1,4 +1,4 @@
-"""The reward-hacking guard (sanarl/training/guard.py) as a run component (sanarl/training/components.py).
+"""The reward-hacking guard (sanarl/training/guard.py) as a run component (sanarl/training/component_hooks.py).
 
 At each validation rank 0's guard reads the samples' held-out rewards and image statistics; its decision (keep a
 checkpoint of a guard metric's new best, stop on an `action = "stop"` alarm) is shared with every rank. Its
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from sanarl.config.schema import Config, ValidationConfig
-from sanarl.training.checkpoint import load_checkpoint, load_extra
-from sanarl.training.components import RunComponent, RunHandle
+from sanarl.training.component_hooks import RunComponent, RunHandle
 from sanarl.training.guard import Guard, check_reward_keys
+from sanarl.training.run_folder.checkpoint_store import load_checkpoint, load_extra
 from sanarl.training.tracking import MetricsLogger
 
 

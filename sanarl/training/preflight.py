@@ -14,21 +14,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sanarl.config.plugins import plugin_label
+from sanarl.config.dataset_plugins import plugin_label
 from sanarl.config.schema import Config
 from sanarl.errors import DataError, UserError, WeightsError
 from sanarl.rewards.registry import build_reward
 from sanarl.rewards.remote import RemoteRewardFunction
-from sanarl.rewards.weights import env_hub_offline, local_only
-from sanarl.training.checkpoint import (
+from sanarl.rewards.weight_files import env_hub_offline, local_only
+from sanarl.training.run_folder.checkpoint_store import (
     CheckpointError,
     list_checkpoints,
     read_meta,
     resolve_resume,
     verify_checkpoint,
 )
-from sanarl.training.resume import ResumePlan, refuse_going_back
-from sanarl.training.setup import check_writable
+from sanarl.training.run_folder.resume import ResumePlan, refuse_going_back
+from sanarl.training.run_folder.setup import check_writable
 
 LOGGER_MODULES = {"wandb": ("wandb", "wandb"), "tensorboard": ("torch.utils.tensorboard", "tensorboard")}
 """`logging.logger` entry -> (the module the run imports for it, its pip package = sanarl extra)."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config, LoraConfig
 from sanarl.core.lora import add_lora_adapters, diffusers_lora_state_dict, lora_parameters
 from sanarl.errors import ConfigError, DataError

@@ -13,7 +13,7 @@ from pathlib import Path
 from sanarl.config.schema import Config
 from sanarl.errors import RewardsFailed
 from sanarl.rewards.combine import RewardFailure
-from sanarl.training.checkpoint import checkpoint_step, list_checkpoints
+from sanarl.training.run_folder.checkpoint_store import checkpoint_step, list_checkpoints
 
 
 def rewards_failed(cfg: Config, ckpt_root: Path, step: int | None, err: RewardFailure) -> RewardsFailed:

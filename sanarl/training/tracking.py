@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sanarl.training.faults import pause_point
-from sanarl.training.run_files import append_line, saved_via_temp
+from sanarl.training.run_folder.run_files import append_line, saved_via_temp
 
 
 class MetricsLogger:

@@ -25,7 +25,7 @@ from sanarl.training.distributed import (
 )
 from sanarl.training.ema import EMA
 from sanarl.training.protocol import Task
-from sanarl.training.setup import build_optimizer, warmup_schedule
+from sanarl.training.run_folder.setup import build_optimizer, warmup_schedule
 
 Tensors = dict[str, dict[str, torch.Tensor]]
 """`{"model": {name: tensor}, "ema": {...}}`: a checkpoint's weight groups."""

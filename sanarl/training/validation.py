@@ -1,5 +1,5 @@
 """A run's validations: the grid of samples every `validation.freq` steps, their held-out rewards, and what the
-run's components make of them (sanarl/training/components.py).
+run's components make of them (sanarl/training/component_hooks.py).
 
 Validations come every `validation.freq` steps, after each of `validation.early_steps` (first grids before the
 first `freq`), at the end of the run, and after the final checkpoint of a run stopped by SIGINT / SIGTERM (its
@@ -21,9 +21,9 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.core.media import save_media
-from sanarl.rewards.scoring import score_images
+from sanarl.rewards.held_out import score_images
 from sanarl.rewards.summary import describe
-from sanarl.training.components import RunComponent
+from sanarl.training.component_hooks import RunComponent
 from sanarl.training.distributed import is_fsdp
 from sanarl.training.protocol import Task
 from sanarl.training.sampling import GenerationSpec, generate_images

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from sanarl import api
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = str(ROOT / "tests" / "data" / "plugins" / "squares_recording.py")

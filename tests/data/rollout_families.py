@@ -26,7 +26,7 @@ def record_compiles(monkeypatch) -> list:
 
 def check_family_run(outcome, records: list[dict], compiled: list, prompts: int = 2, k: int = 2) -> None:
     """The run's rollout images, compiled copies and quantized layers are those of its family."""
-    from sanarl.training.quantize import Int8DynamicLinear
+    from sanarl.methods.group_rl.quantize import Int8DynamicLinear
 
     family = outcome.task.view.rollout.family
     m = outcome.task.view.rollout.num_candidates or k

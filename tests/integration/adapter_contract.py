@@ -24,9 +24,9 @@ import torch
 from sanarl import api
 from sanarl.config.schema import PolicyConfig
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models import load_adapter
-from sanarl.models.loading import resolve_weights
+from sanarl.models.weight_sources import resolve_weights
 from sanarl.training.sampling import GenerationSpec, generate_latents
 from sanarl.training.tracking import read_metrics
 

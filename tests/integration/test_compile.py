@@ -31,7 +31,7 @@ def one_block():
 
 
 def test_compiled_inference_copy_equals_eager(one_block):
-    from sanarl.training.inference_copy import InferenceCopy
+    from sanarl.methods.group_rl.inference_copy import InferenceCopy
 
     model, inputs = one_block
     copy = InferenceCopy(model, compile_mode="default")

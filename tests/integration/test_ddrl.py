@@ -19,11 +19,11 @@ from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.lora import adapter_parameters, adapters_disabled
 from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.datasets import shapes
+from sanarl.methods.config_loading import load_config
 from sanarl.methods.ddrl.task import DDRLTask
-from sanarl.methods.loading import load_config
+from sanarl.methods.group_rl.rollout import group_seeds
 from sanarl.models.base import Cond
 from sanarl.training.data_order import step_generator
-from sanarl.training.rollout import group_seeds
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from sanarl.config.presets import resolve_preset_path
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.training.validation import Validation
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models import load_adapter
 from sanarl.training.sampling import GenerationSpec, generate_latents
 

@@ -23,7 +23,7 @@ from adapter_contract import LENGTH, PRESETS, PROMPTS, SHAPES, SQUARES, STEPS, f
 
 from sanarl import api
 from sanarl.config.schema import PolicyConfig
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models import load_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "no_metrics_plot")]

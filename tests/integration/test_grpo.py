@@ -14,9 +14,9 @@ import torch
 from sanarl import api
 from sanarl.core.lora import adapter_parameters
 from sanarl.core.samplers import initial_noise, sample_loop
+from sanarl.methods.config_loading import load_config
 from sanarl.methods.flow_grpo.task import FlowGRPOTask
-from sanarl.methods.group_rl import GroupRLTask
-from sanarl.methods.loading import load_config
+from sanarl.methods.group_rl.task_base import GroupRLTask
 from sanarl.training.data_order import step_generator
 from sanarl.training.tracking import read_metrics
 

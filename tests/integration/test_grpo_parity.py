@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from sanarl import api
+from sanarl.methods.config_loading import load_config
 from sanarl.methods.flow_grpo.task import FlowGRPOTask
-from sanarl.methods.loading import load_config
 from sanarl.training.data_order import step_generator
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 
 from sanarl import api
 from sanarl.core.lora import adapter_parameters
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
+from sanarl.methods.group_rl.quantize import Int8DynamicLinear
+from sanarl.methods.group_rl.rollout import group_seeds
 from sanarl.training.ema import old_weight_decay
-from sanarl.training.quantize import Int8DynamicLinear
-from sanarl.training.rollout import group_seeds
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -302,7 +302,11 @@ def test_quantized_rollout_copy_resume_equals_uninterrupted_bit_for_bit(tmp_path
     )
     after = [read_metrics(d.parents[1] / "metrics.jsonl")[-1] for d in last]
     assert after[0]["step"] == after[1]["step"] == 2
-    clocks = [k for k in after[1] if k == "samples_per_s" or any(p.startswith("time") for p in k.split("/"))]
+    clocks = [
+        k
+        for k in after[1]
+        if k in ("samples_per_s", "elapsed_s") or any(p.startswith("time") for p in k.split("/"))
+    ]
     same = [k for k in after[1] if k not in clocks]
     assert {k: after[0][k] for k in same} == {k: after[1][k] for k in same}
 

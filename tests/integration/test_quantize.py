@@ -1,4 +1,4 @@
-"""Quantized rollout copies on CPU: the int8 backend (sanarl/training/quantize.py) against its formula, the int8 copy of
+"""Quantized rollout copies on CPU: the int8 backend (sanarl/methods/group_rl/quantize.py) against its formula, the int8 copy of
 a tiny FLUX against the float32 copy, the Sol-RL selection it drives on a fixed draft set, and which backend each
 `rollout.preview_precision` gets on which machine.
 
@@ -19,10 +19,10 @@ from torch import nn
 from sanarl import api
 from sanarl.core.selection import select_indices
 from sanarl.errors import UserError
-from sanarl.methods.loading import load_config
-from sanarl.training import quantize
-from sanarl.training.quantize import Int8DynamicLinear, backend_for
-from sanarl.training.rollout import group_seeds
+from sanarl.methods.config_loading import load_config
+from sanarl.methods.group_rl import quantize
+from sanarl.methods.group_rl.quantize import Int8DynamicLinear, backend_for
+from sanarl.methods.group_rl.rollout import group_seeds
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -68,7 +68,7 @@ def test_fp8_linear_is_its_formula():
     """The torch-native FP8 layer (the sm_89+ backend without transformer-engine) from its definition: W and x cast
     to float8 e4m3 after dividing by per-tensor scales max|.| / 448, multiplied, rescaled, bf16 output. torch's
     `_scaled_mm` also runs on CPU, which checks the arithmetic here; the GPU is where the backend is chosen."""
-    from sanarl.training.quantize import Fp8Linear
+    from sanarl.methods.group_rl.quantize import Fp8Linear
 
     torch.manual_seed(0)
     layer = nn.Linear(64, 32)
@@ -210,7 +210,7 @@ def test_real_architectures_quantize_what_sol_rl_quantizes():
     embedders and output norm."""
     from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
-    from sanarl.training.quantize import eligible_linears
+    from sanarl.methods.group_rl.quantize import eligible_linears
 
     with torch.device("meta"):
         flux = FluxTransformer2DModel(guidance_embeds=True)  # the defaults are FLUX.1's shapes

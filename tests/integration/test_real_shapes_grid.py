@@ -21,7 +21,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
 
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models import ADAPTERS, _adapter_class
 from sanarl.training.sampling import GenerationSpec
 

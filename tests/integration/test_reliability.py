@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sanarl.training.checkpoint import list_checkpoints
+from sanarl.training.run_folder.checkpoint_store import list_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def cli(run_cli, monkeypatch):
 # --- 1. a checkpoint overwrite killed between its two renames -----------------------------------------------------
 KILL_AT_SWAP = """
 import os, signal, sys
-import sanarl.training.checkpoint as checkpoint
+import sanarl.training.run_folder.checkpoint_store as checkpoint
 real = os.replace
 def replace(src, dst):
     if os.path.basename(str(src)).startswith(".staging-") and os.path.basename(str(dst)) == "{name}":

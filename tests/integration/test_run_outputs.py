@@ -140,7 +140,7 @@ def test_rollout_grids_name_the_reward_and_the_step(tmp_path):
 
 
 def test_the_rollout_caption_label_is_the_reward_name():
-    from sanarl.methods.group_rl import GroupRLTask
+    from sanarl.methods.group_rl.task_base import GroupRLTask
 
     def task(*names: str) -> SimpleNamespace:
         fns = [SimpleNamespace(name=n) for n in names]

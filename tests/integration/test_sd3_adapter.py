@@ -22,7 +22,7 @@ from adapter_contract import LENGTH, PRESETS, PROMPTS, SEEDS, SHAPES, STEPS, fin
 
 from sanarl import api
 from sanarl.config.schema import PolicyConfig
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models import load_adapter
 from sanarl.training.sampling import GenerationSpec, generate_latents
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from sanarl import api
-from sanarl.methods.loading import load_config, loads_config
+from sanarl.methods.config_loading import load_config, loads_config
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -139,7 +139,7 @@ def test_lora_sft_trains_only_the_adapter_and_exports_a_diffusers_lora(tmp_path)
     from diffusers import SanaPipeline
 
     import sanarl.models.pixel_ae  # noqa: F401
-    from sanarl.models.loading import resolve_weights
+    from sanarl.models.weight_sources import resolve_weights
 
     pipe = SanaPipeline.from_pretrained(str(resolve_weights(cfg.config.policy.model_name_or_path)))
     pipe.load_lora_weights(str(tmp_path / "export"))

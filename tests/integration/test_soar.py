@@ -17,7 +17,7 @@ import sanarl
 from sanarl import api
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, DataError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.methods.soar.config import view
 from sanarl.methods.soar.task import SOARTask, aux_count, aux_points, draw_randomness, loss_scale, soar_levels
 from sanarl.models.base import Cond, DiffusionAdapter

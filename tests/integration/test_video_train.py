@@ -14,7 +14,7 @@ import torch
 
 from sanarl import api
 from sanarl.core import media
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.training.tracking import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sanarl import api
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reward_service.protocol import encode_body
+from reward_service.wire_format import encode_body
 
 TOKEN = "test-token-0123456789"
 HERE = Path(__file__).resolve().parent

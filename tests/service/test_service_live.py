@@ -35,8 +35,8 @@ from reward_service.broker import AsyncBroker, QueueFull
 from reward_service.config import LimitsConfig, WorkersConfig, loads_service_config
 from reward_service.keys import Keys, queue_item
 from reward_service.lua import Scripts
-from reward_service.protocol import parse_enqueue
 from reward_service.signing import open_result, result_key
+from reward_service.wire_format import parse_enqueue
 from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError

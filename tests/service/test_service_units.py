@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from service_helpers import require_redis
 
+from reward_service.batch_scoring import Task, score_tasks
 from reward_service.cli import main as cli_main
 from reward_service.config import loads_service_config, mask_url, token_bits
 from reward_service.embedded_redis import DIR_PREFIX, LOCK_NAME, _lock, remove_stale_dirs
-from reward_service.protocol import PayloadError, decode_array, encode_body, parse_enqueue
-from reward_service.scoring import Task, score_tasks
 from reward_service.signing import ForgedResult, genuine, open_result, result_key, sign
 from reward_service.supervisor import worker_slots
+from reward_service.wire_format import PayloadError, decode_array, encode_body, parse_enqueue
 from reward_service.worker import REFUSALS_BEFORE_EXIT, RedisRefused, StopFlag, Worker, _hosted
 from sanarl.errors import ConfigError
 from sanarl.rewards.scorers.jpeg import JpegCompressibility, JpegIncompressibility
@@ -514,9 +514,9 @@ def test_cosmos_rl_reward_keys_become_reward_options():
 
 
 def test_video_native_rewards_get_whole_clips_batched_by_clip_shape():
-    """`scoring.score_tasks` hands a video-native reward the clips [B, 3, T, H, W] themselves (never frames), one
+    """`batch_scoring.score_tasks` hands a video-native reward the clips [B, 3, T, H, W] themselves (never frames), one
     call per (T, H, W); frame-wise rewards still see frames."""
-    from reward_service.scoring import Task, score_tasks
+    from reward_service.batch_scoring import Task, score_tasks
     from sanarl.rewards.base import Reward
 
     class ClipMean(Reward):

@@ -180,7 +180,7 @@ def test_tiny_video_nft_trains_on_dance_grpo_through_the_service(service, tmp_pa
     from pathlib import Path
 
     from sanarl import api
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.training.tracking import read_metrics
 
     root = Path(__file__).resolve().parents[2]

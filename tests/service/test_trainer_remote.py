@@ -21,7 +21,7 @@ from sanarl import api
 from sanarl.config.presets import resolve_preset_path
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.rewards import RewardFunction
 from sanarl.rewards.combine import RewardResult
 from sanarl.rewards.remote import RemoteRewardFunction

@@ -37,7 +37,7 @@ def test_explicit_options_replace_the_plan_values():
 def test_ddrl_is_a_bench_method_with_its_rollout_cost():
     from sanarl.bench.methods import METHODS, RATIOS, rollout_cost
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
 
     plan = resolve_plan(False, "ddrl,grpo,nft,sft-more", 3, 30.0)
     assert plan.methods == ("ddrl", "grpo", "nft", "sft-more") and METHODS["ddrl"] == "tiny-shapes-ddrl"

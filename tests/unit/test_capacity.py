@@ -184,7 +184,7 @@ def test_depth_extrapolation_equals_the_full_trace_of_sana_1_6b(grad, checkpoint
     """`traced` (three shallow traces extrapolated in depth) gives the full 20-block SANA 1.5 1.6B trace's peak and
     FLOPs within 1%, with the CPU's convolution workspace counted too."""
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.models.meta import architecture
     from sanarl.tools.capacity.memory import _trace_once, traced
 

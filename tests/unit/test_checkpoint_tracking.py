@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sanarl.errors import UserError
-from sanarl.training.checkpoint import (
+from sanarl.training.run_folder.checkpoint_store import (
     list_checkpoints,
     load_checkpoint,
     load_extra,
@@ -116,22 +116,23 @@ def test_the_checksum_is_a_sha256_over_the_sha256_of_each_block(tmp_path, monkey
     import hashlib
     import os
 
-    from sanarl.training import checkpoint
+    from sanarl.training.run_folder import checkpoint_store
 
-    monkeypatch.setattr(checkpoint, "BLOCK", 1000)
+    monkeypatch.setattr(checkpoint_store, "BLOCK", 1000)
     data = os.urandom(3500)
     path = tmp_path / "f"
     path.write_bytes(data)
     blocks = [hashlib.sha256(data[i : i + 1000]).digest() for i in range(0, len(data), 1000)]
-    assert checkpoint.file_sha256(path) == hashlib.sha256(b"".join(blocks)).hexdigest()
+    assert checkpoint_store.file_sha256(path) == hashlib.sha256(b"".join(blocks)).hexdigest()
     (tmp_path / "empty").write_bytes(b"")
     assert (
-        checkpoint.file_sha256(tmp_path / "empty") == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
+        checkpoint_store.file_sha256(tmp_path / "empty")
+        == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
     )
 
 
 def test_recover_root_puts_back_a_checkpoint_moved_aside_and_drops_leftovers(tmp_path):
-    from sanarl.training.checkpoint import recover_root
+    from sanarl.training.run_folder.checkpoint_store import recover_root
 
     save(tmp_path, 4).rename(tmp_path / ".old-step_00000004")  # killed between the two renames
     save(tmp_path, 6)

@@ -22,7 +22,7 @@ from sanarl.config import (
     dump_toml,
 )
 from sanarl.errors import ConfigError, UserError
-from sanarl.methods.loading import check_config, load_config, loads_config
+from sanarl.methods.config_loading import check_config, load_config, loads_config
 
 GRPO = [
     "train.train_policy.type=grpo",

@@ -1,5 +1,5 @@
-"""The config loader is handed its method table (sanarl/config/methods.py, docs/architecture.md "Layers"): it
-accepts the pairs of the table it gets and runs their checks and warnings; `sanarl.methods.loading` hands it the
+"""The config loader is handed its method table (sanarl/config/method_rules.py, docs/architecture.md "Layers"): it
+accepts the pairs of the table it gets and runs their checks and warnings; `sanarl.methods.config_loading` hands it the
 registry's, and loading a config that way imports no torch and fills nothing on import."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sanarl.config import loader
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods import registry
-from sanarl.methods.loading import loads_config
+from sanarl.methods.config_loading import loads_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT = '[train.train_policy]\ntype = "sft"\ntrainer_type = "{}"\n'
@@ -33,7 +33,7 @@ def _refuse(cfg: Config) -> None:
 
 @dataclass(frozen=True)
 class Rules:
-    """A table entry as the loader sees it (`config.methods.MethodRules`), without a task."""
+    """A table entry as the loader sees it (`config.method_rules.MethodRules`), without a task."""
 
     policy_type: str = "sft"
     trainer_type: str = "mine"
@@ -64,7 +64,7 @@ def test_loading_imports_no_torch_and_importing_sanarl_fills_no_table() -> None:
         "import sys\n"
         "import sanarl.config\n"
         "assert not any(m.startswith('sanarl.methods') for m in sys.modules), 'import side effect'\n"
-        "from sanarl.methods.loading import load_config\n"
+        "from sanarl.methods.config_loading import load_config\n"
         "load_config('tiny-shapes-ddrl')\n"
         "assert 'torch' not in sys.modules, 'loading imported torch'\n"
     )

@@ -16,7 +16,6 @@ WHOLE_CONFIG_NAMES = ("cfg", "config")
 CHECKED = (
     *sorted((ROOT / "sanarl" / "methods").rglob("*.py")),
     ROOT / "sanarl" / "training" / "protocol.py",
-    ROOT / "sanarl" / "training" / "rollout.py",
 )
 
 

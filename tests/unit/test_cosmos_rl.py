@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from sanarl.config import cosmos_rl, resolve_plugin
+from sanarl.config import resolve_plugin
+from sanarl.config.cosmos import drop_in
 from sanarl.config.engine import field_types as _hints
 from sanarl.config.engine import section_class as _section_cls
 from sanarl.config.loader import dump_toml
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, PluginError
-from sanarl.methods.loading import loads_config
+from sanarl.methods.config_loading import loads_config
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SCHEMA = json.loads((DATA / "cosmos_rl_schema.json").read_text())
@@ -48,9 +49,9 @@ def sanarl_leaves() -> set[str]:
 def test_schema_data_names_the_source_the_table_was_read_from() -> None:
     prov = SCHEMA["provenance"]
     assert (prov["repository"], prov["path"], prov["commit"]) == (
-        cosmos_rl.SOURCE["repository"],
-        cosmos_rl.SOURCE["path"],
-        cosmos_rl.SOURCE["commit"],
+        drop_in.SOURCE["repository"],
+        drop_in.SOURCE["path"],
+        drop_in.SOURCE["commit"],
     )
     assert len(SCHEMA["keys"]) > 300
 
@@ -60,15 +61,15 @@ def test_every_cosmos_rl_key_is_honoured_renamed_or_not_applicable() -> None:
     uncovered = [
         key
         for key in SCHEMA["keys"]
-        if key not in honoured and key not in cosmos_rl.RENAMED and cosmos_rl.treatment(key) is None
+        if key not in honoured and key not in drop_in.RENAMED and drop_in.treatment(key) is None
     ]
     assert uncovered == []
     # the table names no key Cosmos-RL lacks, and none that sanarl honours
-    assert set(cosmos_rl.NOT_APPLICABLE) <= set(SCHEMA["keys"])
-    assert not set(cosmos_rl.NOT_APPLICABLE) & honoured
+    assert set(drop_in.NOT_APPLICABLE) <= set(SCHEMA["keys"])
+    assert not set(drop_in.NOT_APPLICABLE) & honoured
     # renamed keys are Cosmos-RL keys, except the misspelling its presets use (a reported defect)
-    assert [k for k in cosmos_rl.RENAMED if k not in SCHEMA["keys"]] == ["policy.diffusers.timestep_fraction"]
-    assert all(cosmos_rl.NOT_APPLICABLE[k].instead for k in cosmos_rl.NOT_APPLICABLE)
+    assert [k for k in drop_in.RENAMED if k not in SCHEMA["keys"]] == ["policy.diffusers.timestep_fraction"]
+    assert all(drop_in.NOT_APPLICABLE[k].instead for k in drop_in.NOT_APPLICABLE)
 
 
 # Values for keys whose Cosmos-RL default TOML cannot write (None) or sanarl refuses (LLM defaults).
@@ -174,11 +175,11 @@ def _toml(tree: dict[str, Any]) -> str:
 def _check_loaded(flat: dict[str, Any], text: str) -> None:
     loaded = loads_config(text, source="cosmos-layout.toml")
     cfg, honoured = loaded.config, sanarl_leaves()
-    dropped = {cosmos_rl.strip_indices(k): v for k, v in loaded.cosmos.items()}
+    dropped = {drop_in.strip_indices(k): v for k, v in loaded.cosmos.items()}
     for key, value in flat.items():
-        renamed = key in cosmos_rl.RENAMED
-        key = cosmos_rl.RENAMED[key][0] if renamed else key
-        if not renamed and cosmos_rl.treatment(key) is not None:
+        renamed = key in drop_in.RENAMED
+        key = drop_in.RENAMED[key][0] if renamed else key
+        if not renamed and drop_in.treatment(key) is not None:
             assert dropped[key] == value, key
             continue
         assert key in honoured, key
@@ -186,7 +187,7 @@ def _check_loaded(flat: dict[str, Any], text: str) -> None:
         for part in key.split("."):
             node = node[0] if isinstance(node, list) else node
             node = getattr(node, part)
-        mapped, _ = cosmos_rl.map_value(key, value)
+        mapped, _ = drop_in.map_value(key, value)
         assert node == mapped or node == pytest.approx(mapped), key
 
 
@@ -237,7 +238,7 @@ def test_value_maps_and_refusals() -> None:
 def test_n_generation_mini_batch_wins_over_cosmos_rl_rollout_batch_size() -> None:
     loaded = loads_config("[rollout]\nbatch_size = 2\nn_generation_mini_batch = 6\n")
     assert loaded.config.rollout.batch_size == 6 and loaded.cosmos == {"rollout.batch_size": 2}
-    assert "prompts per rollout request" in cosmos_rl.report(loaded.cosmos)[0]
+    assert "prompts per rollout request" in drop_in.report(loaded.cosmos)[0]
     assert loads_config("[rollout]\nbatch_size = 2\n").config.rollout.batch_size == 2
 
 
@@ -270,7 +271,7 @@ def test_cosmos_rl_sft_batch_is_per_rank() -> None:
 def test_defaults_that_differ_from_cosmos_rl_are_listed_for_keys_the_file_leaves_out() -> None:
     text = (DATA / "cosmos_rl" / "sana" / "sana-image-nft.toml").read_text()
     loaded = loads_config(text, ["train.ckpt.max_keep=5"])
-    diffs = cosmos_rl.default_differences(loaded.config, loaded.given)
+    diffs = drop_in.default_differences(loaded.config, loaded.given)
     assert "train.train_policy.remote_reward.reward_fns[0].clip_max = None (Cosmos-RL's: 5.0)" in diffs
     assert "validation.freq = 100 (Cosmos-RL's: 20)" in diffs
     # Cosmos-RL encodes SANA prompts without the complex human instruction (sanarl's default prepends it)
@@ -287,7 +288,7 @@ def test_defaults_that_differ_from_cosmos_rl_are_listed_for_keys_the_file_leaves
 
 
 def test_not_applicable_values_are_reported_with_what_sanarl_does() -> None:
-    lines = cosmos_rl.report({"train.sync_weight_interval": 4, "train.ckpt.save_mode": "async"})
+    lines = drop_in.report({"train.sync_weight_interval": 4, "train.ckpt.save_mode": "async"})
     assert any(line.startswith("not applicable: train.sync_weight_interval = 4.") for line in lines)
     assert any("warning: `train.sync_weight_interval` = 4" in line for line in lines)
 
@@ -331,16 +332,15 @@ def test_dance_grpo_t2v_uses_danceGRPO_prompts_when_given_else_a_noted_stand_in(
 
 
 def test_reward_lines_read_the_registry() -> None:
-    lines = cosmos_rl.reward_lines(["dance_grpo"], remote=False, known=["dance_grpo"])
+    lines = drop_in.reward_lines(["dance_grpo"], remote=False, known=["dance_grpo"])
     assert lines == ["reward `dance_grpo`: scored in-process."]
     with pytest.raises(ValueError, match="sanarl does not have in-process"):
-        cosmos_rl.reward_lines(["dance_grpo"], remote=False, known=["pickscore"])
-    assert "Cosmos-RL reward service" in cosmos_rl.reward_lines(["dance_grpo"], remote=True, known=[])[0]
+        drop_in.reward_lines(["dance_grpo"], remote=False, known=["pickscore"])
+    assert "Cosmos-RL reward service" in drop_in.reward_lines(["dance_grpo"], remote=True, known=[])[0]
     with pytest.raises(ValueError, match="sanarl's is `imagereward`"):
-        cosmos_rl.reward_lines(["image_reward"], remote=False, known=["imagereward"])
+        drop_in.reward_lines(["image_reward"], remote=False, known=["imagereward"])
     assert (
-        "did you mean `pickscore`"
-        in cosmos_rl.reward_lines(["pickscor"], remote=True, known=["pickscore"])[0]
+        "did you mean `pickscore`" in drop_in.reward_lines(["pickscor"], remote=True, known=["pickscore"])[0]
     )
 
 
@@ -373,7 +373,7 @@ def test_the_nine_presets_are_stored_with_provenance() -> None:
     assert len(PRESETS) == 9
     for preset in PRESETS:
         head = preset.read_text().splitlines()[0]
-        assert "nvidia-cosmos/cosmos-rl" in head and cosmos_rl.SOURCE["commit"] in head
+        assert "nvidia-cosmos/cosmos-rl" in head and drop_in.SOURCE["commit"] in head
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
@@ -468,7 +468,7 @@ def test_cosmos_rl_prompt_set_names_resolve_or_name_the_file_to_provide(name, sp
 # Cosmos-RL's world-model RL keys ([model.rl], DDRL)
 # ---------------------------------------------------------------------------------------------------------------
 
-# RLConfig and RewardConfig of cosmos_rl/policy/config/wfm/__init__.py (nvidia-cosmos/cosmos-rl, cosmos_rl.WFM_RL_SOURCE)
+# RLConfig and RewardConfig of cosmos_rl/policy/config/wfm/__init__.py (nvidia-cosmos/cosmos-rl, drop_in.WFM_RL_SOURCE)
 WFM_RL_KEYS = (
     "enabled update_ref_every_iter num_rollout sample_steps train_on on_policy solver_option s_churn s_t_max s_t_min "
     "s_noise guidance min_num_conditional_frames max_num_conditional_frames clip_ratio kl_beta data_beta "
@@ -521,9 +521,9 @@ def _ddrl_text(extra: str = "") -> str:
 def test_every_wfm_rl_key_is_mapped_or_not_applicable() -> None:
     for key in WFM_RL_KEYS:
         path = f"model.rl.{key}"
-        assert (path in cosmos_rl.WFM_RL_RENAMED) != (cosmos_rl.treatment(path) is not None), path
+        assert (path in drop_in.WFM_RL_RENAMED) != (drop_in.treatment(path) is not None), path
     honoured = sanarl_leaves()
-    assert all(target in honoured for target, _ in cosmos_rl.WFM_RL_RENAMED.values())
+    assert all(target in honoured for target, _ in drop_in.WFM_RL_RENAMED.values())
 
 
 def test_cosmos_rl_ddrl_model_rl_table_is_read_into_sanarls_keys() -> None:
@@ -544,7 +544,7 @@ def test_cosmos_rl_ddrl_model_rl_table_is_read_into_sanarls_keys() -> None:
         "model.rl.s_churn",
         "model.rl.reward_config.remote_reward",
     }
-    lines = cosmos_rl.report(loaded.cosmos)
+    lines = drop_in.report(loaded.cosmos)
     assert any("model.rl.s_churn = 1.0" in line and "EDM sampler" in line for line in lines)
     assert loaded.config.train.train_policy.trainer_type == "ddrl"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from sanarl.config.plugins import check_plugin, resolve_plugin
+from sanarl.config.dataset_plugins import check_plugin, resolve_plugin
 from sanarl.config.schema import Config
 from sanarl.datasets import common, diffusers_dataset
 from sanarl.errors import ConfigError, DataError, PluginError

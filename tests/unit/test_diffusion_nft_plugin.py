@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sanarl.config.plugins import builtin_plugins, check_plugin, resolve_plugin
+from sanarl.config.dataset_plugins import builtin_plugins, check_plugin, resolve_plugin
 from sanarl.config.schema import Config
 from sanarl.datasets import diffusion_nft as nft
 from sanarl.errors import ConfigError, DataError

@@ -11,13 +11,13 @@ from safetensors.torch import save_file
 from sanarl.config import dump_toml
 from sanarl.core.lora import lora_parameters
 from sanarl.errors import ConfigError, DataError
+from sanarl.evaluation.apply_checkpoint import _add_lora
+from sanarl.evaluation.generation import evaluate_rewards
 from sanarl.evaluation.prompts import load_prompts, take
-from sanarl.evaluation.scoring import evaluate_rewards
 from sanarl.evaluation.sources import load_source, resolve_checkpoint, resolve_model
-from sanarl.evaluation.weights import _add_lora
-from sanarl.methods.loading import load_config
-from sanarl.rewards.scoring import build_rewards, score_images
-from sanarl.training.checkpoint import save_checkpoint
+from sanarl.methods.config_loading import load_config
+from sanarl.rewards.held_out import build_rewards, score_images
+from sanarl.training.run_folder.checkpoint_store import save_checkpoint
 
 PRESETS = Path(__file__).resolve().parents[2] / "sanarl" / "presets"
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sanarl.methods.loading import load_config as _load
+from sanarl.methods.config_loading import load_config as _load
 from sanarl.training.sampling import GenerationSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +167,8 @@ def test_nft_sample_weights_do_not_depend_on_the_chunking():
 def test_preview_kept_mean_is_over_kept_drafts_and_skips_nan():
     import torch
 
+    from sanarl.methods.group_rl.rollout import PromptGroup, kept_mean
     from sanarl.rewards.combine import RewardResult
-    from sanarl.training.rollout import PromptGroup, kept_mean
 
     def group(values):
         total = torch.tensor(values)
@@ -216,7 +216,7 @@ def test_several_updates_per_rollout_take_whole_sample_chunks():
     """flow_grpo / DiffusionNFT: an update covers whole sample batches with all their trained steps."""
     import torch
 
-    from sanarl.methods.group_rl import split_updates
+    from sanarl.methods.group_rl.task_base import split_updates
 
     batches = [{"chunk": c, "level": j} for c in range(5) for j in range(3)]  # 5 chunks x 3 trained levels
     parts = split_updates(batches, 2, torch.Generator().manual_seed(0))

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from sanarl.config.plugins import check_plugin, resolve_plugin
+from sanarl.config.dataset_plugins import check_plugin, resolve_plugin
 from sanarl.config.schema import Config
 from sanarl.datasets.common import collate
 from sanarl.errors import DataError

@@ -12,13 +12,13 @@ import torch
 
 from sanarl.core.flow import sigma_grid
 from sanarl.errors import ConfigError
+from sanarl.methods.config_loading import load_config
 from sanarl.methods.flow_grpo.config import validate as check_grpo_config
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, _RatioMonitor, _signal_mask
 from sanarl.methods.flow_grpo.trajectory import sde_window, trainable_positions
-from sanarl.methods.group_rl import set_loss_weights
-from sanarl.methods.loading import load_config
+from sanarl.methods.group_rl.rollout import PromptGroup
+from sanarl.methods.group_rl.task_base import set_loss_weights
 from sanarl.rewards.combine import RewardResult
-from sanarl.training.rollout import PromptGroup
 
 PRESET = Path(__file__).resolve().parents[2] / "tests" / "data" / "presets" / "grpo-tiny.toml"
 

@@ -13,8 +13,7 @@ from PIL import Image
 
 from sanarl.config.schema import GuardConfig, GuardMetricConfig
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import loads_config
-from sanarl.training.checkpoint import load_extra, save_checkpoint
+from sanarl.methods.config_loading import loads_config
 from sanarl.training.guard import (
     Alarm,
     Guard,
@@ -26,6 +25,7 @@ from sanarl.training.guard import (
     image_guard_stats,
     trained_at,
 )
+from sanarl.training.run_folder.checkpoint_store import load_extra, save_checkpoint
 
 EXTRA = GuardMetricConfig("heldout/shapes/extra", "higher", 0.5)
 BRIGHT = GuardMetricConfig("heldout/image/brightness", "lower", 0.1)
@@ -342,7 +342,7 @@ def test_the_shipped_guards_fire_on_the_decaying_nft_curve_at_15_minutes_not_bef
     the alarm fires there, against the base. Entropy is known at the base and the end only (1.37 -> 2.65), the colour
     shift not at all: NaN where unknown, which no rule reads."""
     from sanarl.config.presets import resolve_preset_path
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
 
     cfg = load_config(resolve_preset_path(preset)).config.validation.guard
     steps = [0, 130, 195, 260, 325]

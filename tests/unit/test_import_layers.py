@@ -28,14 +28,6 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
-def _in_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> list[str]:
     """The sanarl / reward_service modules one import statement names (`from pkg import submodule` -> submodule)."""
     if isinstance(node, ast.Import):
@@ -58,15 +50,15 @@ def _owner(name: str, known: set[str]) -> str | None:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the modules of ours it imports anywhere in its source (TYPE_CHECKING blocks left out)."""
+    """module -> the modules of ours it imports anywhere in its source: function-local and type-only imports (under
+    `if TYPE_CHECKING:`) included, since a type-only import ties the two modules together for a reader all the same."""
     modules = _modules()
     known = set(modules)
     graph: dict[str, set[str]] = defaultdict(set)
     for module, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)) or _in_type_checking(node, parents):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             for target in _imported(node, module, path.name == "__init__.py", known):
                 owner = _owner(target, known)
@@ -143,7 +135,8 @@ def _evidence(graph: dict[str, set[str]], component: list[str], unit=lambda m: m
 
 
 def test_cycle_finder_sees_a_cycle_and_a_function_local_import(tmp_path, monkeypatch) -> None:
-    """The checker itself: a cycle held together by a function-local import is found; a one-way pair is not."""
+    """The checker itself: a cycle held together by a function-local import is found, and one held together by a
+    type-only import (`if TYPE_CHECKING:`); a one-way pair is not."""
     pkg = tmp_path / "sanarl"
     (pkg / "a").mkdir(parents=True)
     (pkg / "b").mkdir()
@@ -153,12 +146,16 @@ def test_cycle_finder_sees_a_cycle_and_a_function_local_import(tmp_path, monkeyp
     (pkg / "a" / "x.py").write_text("from sanarl.b import y\n")
     (pkg / "b" / "y.py").write_text("def f():\n    from sanarl.a import x\n")
     (pkg / "b" / "z.py").write_text("from . import y\n")
+    (pkg / "b" / "t.py").write_text("from sanarl.b.u import U\nclass T: ...\n")
+    (pkg / "b" / "u.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sanarl.b.t import T\nclass U: ...\n"
+    )
     this = sys.modules[__name__]
     monkeypatch.setattr(this, "ROOT", tmp_path)
     monkeypatch.setattr(this, "PACKAGES", ("sanarl",))
     graph = import_graph()
     assert graph["sanarl.b.z"] == {"sanarl.b.y"}
-    assert cycles(graph) == [["sanarl.a.x", "sanarl.b.y"]]
+    assert sorted(cycles(graph)) == [["sanarl.a.x", "sanarl.b.y"], ["sanarl.b.t", "sanarl.b.u"]]
     assert cycles(subpackage_graph(graph)) == [["sanarl.a", "sanarl.b"]]
 
 

@@ -13,12 +13,12 @@ import torch
 
 from sanarl.config.presets import shipped_presets
 from sanarl.core.flow import sigma_grid
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
+from sanarl.methods.group_rl.rollout import PromptGroup
 from sanarl.methods.registry import method_of
 from sanarl.models.base import Cond
 from sanarl.models.meta import architecture
 from sanarl.tools.capacity.memory import trained_work
-from sanarl.training.rollout import PromptGroup
 
 PRESETS = {p.stem: p for p in shipped_presets()}
 

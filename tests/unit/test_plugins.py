@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sanarl.config import check_plugin, plugin_label, resolve_plugin
-from sanarl.config import plugins as plugins_mod
+from sanarl.config import check_plugin, dataset_plugins, plugin_label, resolve_plugin
 from sanarl.errors import PluginError, UserError
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad_plugins"
@@ -95,7 +94,7 @@ def test_missing_submodule_of_existing_package(package) -> None:
 
 
 def test_not_found_suggests_a_builtin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plugins_mod, "builtin_plugins", lambda: ["sanarl.datasets.shapes"])
+    monkeypatch.setattr(dataset_plugins, "builtin_plugins", lambda: ["sanarl.datasets.shapes"])
     with pytest.raises(PluginError) as info:
         resolve_plugin("sanarl.datasets.shapez")
     msg = str(info.value)

@@ -16,7 +16,7 @@ from sanarl.config.presets import (
     shipped_presets,
 )
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

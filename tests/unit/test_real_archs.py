@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.models.architecture import shipped_architecture, transformer_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ SOL_RL_SKIP = {
 
 @pytest.mark.parametrize("preset", QUANTIZED)
 def test_each_quantized_preset_quantizes_what_sol_rl_does(preset):
-    from sanarl.training.quantize import model_quant_plan
+    from sanarl.methods.group_rl.quantize import model_quant_plan
 
     cfg = load_config(PRESETS / f"{preset}.toml").config
     name, min_dim = cfg.policy.model_name_or_path, cfg.rollout.nvfp4_min_dim

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from sanarl.training.quantize import Fp8Linear, Int8DynamicLinear, eligible_linears, quantization_plan
+from sanarl.methods.group_rl.quantize import Fp8Linear, Int8DynamicLinear, eligible_linears, quantization_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
@@ -110,8 +110,8 @@ def test_quantized_copy_of_a_tiny_sana_runs_with_its_convolutions_replaced():
     and tracks the float copy."""
     import copy
 
+    from sanarl.methods.group_rl.quantize import quantize_linears
     from sanarl.models.tiny import sana_transformer
-    from sanarl.training.quantize import quantize_linears
 
     torch.manual_seed(0)
     model = sana_transformer(channels=16, heads=2, head_dim=16, layers=2, caption=32, patch=1).eval()
@@ -162,8 +162,8 @@ def test_validate_refuses_a_quantized_copy_that_would_quantize_nothing(tmp_path)
 def test_a_run_refuses_a_copy_that_would_quantize_nothing():
     """The run's own check (at the copy's construction, before any rollout): exit 2 with the fix, as validate."""
     from sanarl.errors import UserError
+    from sanarl.methods.group_rl.quantize import quantize_linears
     from sanarl.models.tiny import sana_transformer
-    from sanarl.training.quantize import quantize_linears
 
     model = sana_transformer(channels=16, heads=2, head_dim=16, layers=1, caption=32, patch=1)
     with pytest.raises(UserError, match=r"would quantize no layer.*nvfp4_min_dim = 4096.*largest side"):

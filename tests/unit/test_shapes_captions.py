@@ -1,6 +1,6 @@
 """The shapes judges read captions of their own grammar (sanarl/worlds/shapes/captions.py): parsed rows equal the
 worlds' rows, parsed prompts are judged like prompts with metadata, and the rest is refused naming the grammar,
-before any model loads (`sanarl.rewards.preflight`)."""
+before any model loads (`sanarl.rewards.reward_checks`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from sanarl.errors import DataError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.rewards.base import RewardInputError
-from sanarl.rewards.preflight import check_items, check_reward_prompts
+from sanarl.rewards.reward_checks import check_items, check_reward_prompts
 from sanarl.rewards.scorers.motion import MotionReward
 from sanarl.rewards.scorers.shapes import ShapesReward
 from sanarl.worlds import moving_shapes

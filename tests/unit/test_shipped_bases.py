@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from sanarl.bench.base_model import RECIPES, SHAPES_BASE, VIDEO_BASE, export_base
 from sanarl.errors import DataError
 from sanarl.models.tiny import SHIPPED, ensure_tiny_pipeline
-from sanarl.training.checkpoint import save_checkpoint
+from sanarl.training.run_folder.checkpoint_store import save_checkpoint
 
 
 def _transformer_config(path) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "sanarl" / "presets"

@@ -12,7 +12,7 @@ import torch
 from sanarl.core.flow import grid
 from sanarl.core.selection import select_indices
 from sanarl.errors import ConfigError
-from sanarl.methods.loading import load_config
+from sanarl.methods.config_loading import load_config
 from sanarl.training.ema import old_weight_decay
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -275,7 +275,7 @@ def test_sana_video_preset_reward_is_a_registered_sanarl_reward():
     the registry), with that score key."""
     from pathlib import Path
 
-    from sanarl.methods.loading import load_config
+    from sanarl.methods.config_loading import load_config
     from sanarl.rewards import known_rewards
 
     preset = Path(__file__).resolve().parents[2] / "sanarl" / "presets" / "sana-video-nft.toml"

@@ -11,7 +11,7 @@ from sanarl.methods.flow_grpo.config import plan as flow_grpo_plan
 from sanarl.methods.flow_grpo.config import rollout_cost as flow_grpo_rollout_cost
 from sanarl.methods.flow_grpo.config import sde_work
 from sanarl.methods.flow_grpo.config import validate as flow_grpo_validate
-from sanarl.methods.group_config import GroupRLView, group_sections, keys_of, rollouts_for
+from sanarl.methods.group_rl.config import GroupRLView, group_sections, keys_of, rollouts_for
 from sanarl.methods.work import GuidedRows, StepPlan, TrainedWork
 
 KEY = "train.train_policy.ddrl"

@@ -29,7 +29,7 @@ from functools import partial
 
 import torch
 
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.ddrl import data_weight, ddrl_advantages, ddrl_loss, select_train_on
 from sanarl.core.flow import interpolate
@@ -41,10 +41,10 @@ from sanarl.errors import ConfigError, DataError
 from sanarl.methods.ddrl.config import DDRLView, plan, uses_data_items, view
 from sanarl.methods.flow_grpo.task import FlowGRPOTask, GRPOBatch
 from sanarl.methods.flow_grpo.trajectory import Trajectory, trainable_positions
-from sanarl.methods.group_rl import checked_prompt_dataset
+from sanarl.methods.group_rl.rollout import PromptGroup, group_seeds
+from sanarl.methods.group_rl.task_base import checked_prompt_dataset
 from sanarl.methods.sft.task import draw_vae_noise, encode_media, latent_shape_of, media_key
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.training.rollout import PromptGroup, group_seeds
 
 SYNTHETIC_STREAM = 1
 """The `group_seeds` stream of the synthetic data's seeds (the rollout's samples use stream 0)."""

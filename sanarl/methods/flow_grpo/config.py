@@ -5,7 +5,7 @@ from __future__ import annotations
 from sanarl.config.group_rl_schema import FlowGRPOPolicy
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
-from sanarl.methods.group_config import (
+from sanarl.methods.group_rl.config import (
     GroupRLView,
     check_group_rl,
     check_rollout_family,

@@ -42,7 +42,7 @@ from typing import NamedTuple, TypedDict
 
 import torch
 
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import clip_advantages
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
@@ -56,10 +56,10 @@ from sanarl.methods.flow_grpo.trajectory import (
     trainable_positions,
     trained_positions,
 )
-from sanarl.methods.group_rl import GroupRLTask, reward_metrics
+from sanarl.methods.group_rl.rollout import PromptGroup
+from sanarl.methods.group_rl.task_base import GroupRLTask, reward_metrics
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
-from sanarl.training.rollout import PromptGroup
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from sanarl.config.checks import require
 from sanarl.config.group_rl_schema import NFTPolicy
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
-from sanarl.methods.group_config import (
+from sanarl.methods.group_rl.config import (
     GroupRLView,
     check_group_rl,
     check_rollout_family,

@@ -2,7 +2,7 @@
 
 One iteration (optimizer step; `optimizer_steps_per_rollout` > 1 spreads a rollout over several):
   1. rollout: K samples per prompt with the old adapter (CFG-free ODE by default, or a Sol-RL family), scored;
-  2. advantages: rewards -> per-prompt normalised advantages over every rank's samples (group_rl.py);
+  2. advantages: rewards -> per-prompt normalised advantages over every rank's samples (group_rl/task_base.py);
   3. batches: every kept sample trains int(N * timesteps_fraction) distinct levels of the rollout grid, fresh
      noise per level, one micro-batch per (chunk of mini_batch samples, level);
   4. objective: the NFT loss on v_theta against v_old (sanarl/core/nft_loss.py), plus the optional KL to the base;
@@ -19,13 +19,13 @@ from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.core.nft_loss import nft_loss
-from sanarl.methods.group_rl import GroupRLTask, reward_metrics
+from sanarl.methods.group_rl.quantize import model_quant_plan
+from sanarl.methods.group_rl.rollout import PromptGroup
+from sanarl.methods.group_rl.task_base import GroupRLTask, reward_metrics
 from sanarl.methods.nft.config import NFTView, plan, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
-from sanarl.training.quantize import model_quant_plan
-from sanarl.training.rollout import PromptGroup
 
 
 class _NFTRows(TypedDict):
@@ -39,14 +39,14 @@ class _NFTRows(TypedDict):
     adv: torch.Tensor
     """[B] advantages."""
     chunk: int
-    """Index of the sample chunk (an update takes whole chunks, group_rl.split_updates)."""
+    """Index of the sample chunk (an update takes whole chunks, group_rl.task_base.split_updates)."""
 
 
 class NFTBatch(_NFTRows, total=False):
     """One NFT micro-batch: `mini_batch` kept samples at one trained level each."""
 
     weight: float
-    """Loss weight (group_rl.set_loss_weights; 0 for DDP padding)."""
+    """Loss weight (group_rl.task_base.set_loss_weights; 0 for DDP padding)."""
 
 
 class NFTTask(GroupRLTask):

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from sanarl.config.choices import LevelGrid
-from sanarl.config.plugins import DatasetPlugin
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.flow import interpolate, velocity_target
 from sanarl.core.soar_math import aux_sigmas, corrective_target, renoise_toward, soar_normaliser, soar_step

@@ -8,7 +8,7 @@
   `unified_reward`) and their shared machinery.
 
 Scorers are built from the reward kit in `sanarl.rewards` (`base`, `model_reward`, `weights`, `clip_*`, `video`);
-nothing there, nor anything that runs rewards (combine, pool, remote, preflight, scoring), imports a scorer: they are
+nothing there, nor anything that runs rewards (combine, pool, remote, reward_checks, held_out), imports a scorer: they are
 reached by name through `sanarl.rewards.registry` (pyproject.toml's import-linter contracts). Importing this package
 imports no scorer.
 """

@@ -21,7 +21,7 @@ from torch import nn
 
 from sanarl.errors import WeightsError
 from sanarl.rewards.clip_models import ClipReward
-from sanarl.rewards.weights import Missing, read_state_dict, reward_ckpt_path
+from sanarl.rewards.weight_files import Missing, read_state_dict, reward_ckpt_path
 
 AESTHETIC_CLIP = "openai/clip-vit-large-patch14"
 AESTHETIC_FILE = "sac+logos+ava1-l14-linearMSE.pth"

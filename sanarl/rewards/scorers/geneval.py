@@ -34,7 +34,7 @@ from sanarl.rewards.base import to_uint8_hwc
 from sanarl.rewards.clip_encoder import ClipEncoder
 from sanarl.rewards.model_reward import ModelReward
 from sanarl.rewards.scorers import geneval_rules as rules
-from sanarl.rewards.weights import Missing, resolve_dirs, reward_ckpt_path
+from sanarl.rewards.weight_files import Missing, resolve_dirs, reward_ckpt_path
 from sanarl.worlds.geneval_templates import COCO_CLASSES, COLORS
 
 COCO_IDS: tuple[int, ...] = (

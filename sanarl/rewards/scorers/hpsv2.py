@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.clip_preprocess import ImageTransform
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import Missing, missing_weights_error, read_state_dict, reward_ckpt_path
+from sanarl.rewards.weight_files import Missing, missing_weights_error, read_state_dict, reward_ckpt_path
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 HPS_SOURCE = "the Hugging Face repository xswu/HPSv2 (`hf download xswu/HPSv2 HPS_v2.1_compressed.pt`)"

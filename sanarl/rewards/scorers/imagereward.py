@@ -33,7 +33,7 @@ import torch
 from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.clip_preprocess import ImageTransform
 from sanarl.rewards.model_reward import ModelReward
-from sanarl.rewards.weights import (
+from sanarl.rewards.weight_files import (
     Missing,
     hub_offline,
     missing_weights_error,

@@ -49,7 +49,7 @@ def available_ram() -> float:
 def check_fits_machine(cfg: Config) -> None:
     """Raise UserError (exit 2) when the run's estimated peak per rank exceeds the memory it will have here. A model
     whose weights are not here is left to the loader, whose message (how to get them) comes first."""
-    from sanarl.models.loading import TINY_PREFIX, local_weights
+    from sanarl.models.weight_sources import TINY_PREFIX, local_weights
     from sanarl.training.distributed import fsdp_requested
 
     name = cfg.policy.model_name_or_path

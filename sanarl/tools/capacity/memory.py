@@ -12,7 +12,7 @@ module at the run's micro-batch (simulate.py). What the run keeps (sanarl/traini
   the world size and gathers one block at a time; DDP keeps everything whole on every rank;
 - the text encoder(s) and VAE in `policy.diffusers.dtype` (on the CPU with `offload`), reward models in their
   dtype; Sol-RL's inference copies (a merged transformer per copy; the quantized preview adds the low-precision form
-  of the layers `training.quantize.eligible_linears` selects); Flow-GRPO's frozen reference copy (full fine-tune
+  of the layers `methods.group_rl.quantize.eligible_linears` selects); Flow-GRPO's frozen reference copy (full fine-tune
   with kl_beta > 0);
 - a rollout's final latents of every draft of the rank's prompts (float32 on the device), and the kept ones through
   training;
@@ -28,7 +28,7 @@ from dataclasses import astuple, dataclass, field
 import torch
 
 from sanarl.config.schema import Config
-from sanarl.evaluation.weights import lora_names
+from sanarl.evaluation.apply_checkpoint import lora_names
 from sanarl.methods.registry import method_of
 from sanarl.methods.work import TrainedWork
 from sanarl.models.base import DTYPES, transformer_dtype
@@ -204,7 +204,7 @@ def training_rows(cfg: Config, arch: Architecture) -> int:
 
 
 def _count_params(cfg: Config, arch: Architecture) -> dict[str, int]:
-    from sanarl.training.quantize import eligible_linears
+    from sanarl.methods.group_rl.quantize import eligible_linears
 
     module = build_module(cfg, arch, torch.float32, False)
     lora = sum(p.numel() for n, p in module.named_parameters() if "lora_" in n and ".default." in n)

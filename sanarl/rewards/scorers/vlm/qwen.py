@@ -1,7 +1,7 @@
 """What the Qwen2-VL / Qwen2.5-VL rewards share: options, weights resolution, loading, video encoding, forward.
 
 Weights: every model option is a local directory or a Hub id resolved local-first (the Hub cache, then a download
-unless HF_HUB_OFFLINE is set), as the CLIP rewards do (`sanarl.rewards.weights`); a miss is a WeightsError
+unless HF_HUB_OFFLINE is set), as the CLIP rewards do (`sanarl.rewards.weight_files`); a miss is a WeightsError
 (exit code 2) naming the id and both ways to provide it. Models load with transformers' own `from_pretrained`
 (`Qwen2VLForConditionalGeneration` or `Qwen2_5_VLForConditionalGeneration`, chosen by the config's model_type), the
 path real and tiny test checkpoints share. Dtype `auto` = bfloat16 on a GPU, float32 on the CPU.
@@ -21,7 +21,7 @@ from sanarl.errors import ConfigError, WeightsError
 from sanarl.rewards.base import RewardInputError
 from sanarl.rewards.model_reward import ModelReward, parse_dtype
 from sanarl.rewards.video import check_clips
-from sanarl.rewards.weights import (
+from sanarl.rewards.weight_files import (
     Missing,
     hub_offline,
     hub_snapshot,

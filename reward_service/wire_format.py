@@ -1,4 +1,4 @@
-"""The enqueue wire format (DESIGN.md section 4), parsed strictly and without ever unpickling.
+"""The enqueue wire format (docs/reward-service.md, "Wire format"), parsed strictly and without ever unpickling.
 
 Body = `json_bytes + b"\\n" + npy_bytes`:
 - JSON object: `prompts` (B strings; Cosmos-RL's GenEval requests may send one `prompt` instead), `reward_fn`

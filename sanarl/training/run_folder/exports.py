@@ -1,7 +1,7 @@
 """The run's `export/` folder, written as checkpoints are: staged, then renamed into place.
 
 The export is written into a hidden `.export-staging-*` folder of the run directory, every file synced, then renamed
-to `export/`; an existing `export/` is moved aside to `.old-export` first and deleted after (`checkpoint.swap_in`).
+to `export/`; an existing `export/` is moved aside to `.old-export` first and deleted after (`checkpoint_store.swap_in`).
 A kill at any point leaves the old export or the new one whole, never a mix (a kill between the two renames
 leaves the old one as `.old-export`, which `recover_export` puts back at the next start). A full disk stops the run
 with exit code 2 and leaves the old export as it was.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from sanarl.training.checkpoint import ASIDE, swap_in, umask_modes
 from sanarl.training.faults import fail_point, pause_point
-from sanarl.training.run_files import disk_full_error
+from sanarl.training.run_folder.checkpoint_store import ASIDE, swap_in, umask_modes
+from sanarl.training.run_folder.run_files import disk_full_error
 
 EXPORT = "export"
 STAGING = ".export-staging-"

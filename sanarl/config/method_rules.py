@@ -3,7 +3,7 @@
 The config package sits below the methods (docs/architecture.md, "Layers") and never imports them. It declares
 here what it needs of one method, `MethodRules` (the `train.train_policy.type` / `trainer_type` pair that selects
 it, its checks and its warnings), and the loader's caller hands it the table: the method registry's `METHODS`
-(sanarl/methods/registry.py), whose `Method` entries satisfy `MethodRules`. `sanarl.methods.loading` is that
+(sanarl/methods/registry.py), whose `Method` entries satisfy `MethodRules`. `sanarl.methods.config_loading` is that
 caller for every command, the bench, evaluation and the tests.
 """
 

@@ -27,12 +27,12 @@ import torch
 from sanarl.config.schema import DiffusersConfig, RemoteRewardConfig, RolloutConfig
 from sanarl.core.lora import using_adapter
 from sanarl.core.selection import select_scorable
+from sanarl.methods.group_rl.inference_copy import InferenceCopy, require_lora_for_copy
+from sanarl.methods.group_rl.quantize import check_quantization
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.rewards.combine import RewardFunction, RewardResult
 from sanarl.rewards.pool import RewardPool
 from sanarl.rewards.remote import RemoteRewardFunction
-from sanarl.training.inference_copy import InferenceCopy, require_lora_for_copy
-from sanarl.training.quantize import check_quantization
 from sanarl.training.sampling import GenerationSpec, generate_latents
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from sanarl.config import cosmos_rl
+from sanarl.config.cosmos import drop_in
 from sanarl.errors import PluginError
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def resolve_plugin(spec: str, notice: Callable[[str], None] | None = None) -> ty
     """Import the dataset plugin named by `spec` (a dotted module or a `.py` path) and return the module.
 
     Cosmos-RL's launcher names (`cosmos_rl.tools.dataset.diffusion_nft`, ...) resolve to sanarl's plugins, with a
-    one-line `notice` (default: a logged warning); see `cosmos_rl.PLUGINS`.
+    one-line `notice` (default: a logged warning); see `drop_in.PLUGINS`.
 
     A `.py` file is imported under a private module name (`sanarl_plugin_<stem>_<hash>`, cached in sys.modules,
     so resolving the same file twice returns the same module) and its folder is put first on sys.path, as when
@@ -74,7 +74,7 @@ def resolve_plugin(spec: str, notice: Callable[[str], None] | None = None) -> ty
 def cosmos_plugin(spec: str, notice: Callable[[str], None] | None = None) -> str:
     """`spec`, or sanarl's plugin for a Cosmos-RL launcher name (announced through `notice`)."""
     try:
-        found = cosmos_rl.plugin_for(spec)
+        found = drop_in.plugin_for(spec)
     except ValueError as err:
         raise PluginError(f"{err} See docs/cosmos-rl.md.") from None
     if found is None:

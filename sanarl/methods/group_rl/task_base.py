@@ -18,20 +18,20 @@ from typing import Any
 
 import torch
 
+from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.group_rl_schema import GroupPolicy
-from sanarl.config.plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import PerPromptStatTracker
 from sanarl.core.media import save_media
 from sanarl.errors import ConfigError, DataError
 from sanarl.methods.checked_task import CheckedTask
-from sanarl.methods.group_config import GroupRLView
+from sanarl.methods.group_rl.config import GroupRLView
+from sanarl.methods.group_rl.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 from sanarl.methods.work import StepPlan
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.combine import RewardResult
 from sanarl.training.data_order import step_indices
 from sanarl.training.protocol import RunSettings, per_rank_batch, run_settings
-from sanarl.training.rollout import PromptGroup, Rollouts, group_seeds, reward_function
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,14 @@
-"""Cosmos-RL drop-in: lookups over Cosmos-RL's key table (`cosmos_keys.py`), its dataset launchers, reward names
+"""Cosmos-RL drop-in: lookups over Cosmos-RL's key table (`key_table.py`), its dataset launchers, reward names
 and defaults (docs/cosmos-rl.md).
 
-A key in none of the tables of `cosmos_keys.py` (and not in sanarl's schema) is still an error with a did-you-mean.
+A key in none of the tables of `key_table.py` (and not in sanarl's schema) is still an error with a did-you-mean.
 Cosmos-RL's pydantic models ignore unknown keys silently; where its own presets rely on that by accident
 (`timestep_fraction`), the note says what Cosmos-RL really ran, and sanarl does what the file says.
 
-Also here, as data with small lookups: Cosmos-RL's dataset launcher names (`PLUGINS`, used by `plugins.py`), its
+Also here, as data with small lookups: Cosmos-RL's dataset launcher names (`PLUGINS`, used by `sanarl/config/dataset_plugins.py`), its
 reward-service names (`REWARDS`, used by `sanarl validate`), its defaults where they differ from sanarl's
-(`COSMOS_DEFAULTS`) and its per-rank SFT batch (`adapt_sft_batch`). The loader's build hooks (`cosmos_hooks.py`)
-call `treatment`, `known_children`, `is_table`, `map_value` and `check_choice`; `loader.py` calls
+(`COSMOS_DEFAULTS`) and its per-rank SFT batch (`adapt_sft_batch`). The loader's build hooks (`schema_hooks.py`)
+call `treatment`, `known_children`, `is_table`, `map_value` and `check_choice`; `sanarl/config/loader.py` calls
 `adapt_sft_batch` and `inferred_type_note`. The tables themselves stay importable from here.
 """
 
@@ -18,7 +18,7 @@ import difflib
 import re
 from typing import Any
 
-from sanarl.config.cosmos_keys import (
+from sanarl.config.cosmos.key_table import (
     ARRAY_TABLES,
     FREE_TABLES,
     NOT_APPLICABLE,
@@ -31,7 +31,7 @@ from sanarl.config.cosmos_keys import (
     VALUE_MAPS,
     NotApplicable,
 )
-from sanarl.config.cosmos_wfm_keys import WFM_RL_NOT_APPLICABLE, WFM_RL_RENAMED, WFM_RL_SOURCE
+from sanarl.config.cosmos.wfm_key_table import WFM_RL_NOT_APPLICABLE, WFM_RL_RENAMED, WFM_RL_SOURCE
 
 __all__ = [
     "ARRAY_TABLES",

@@ -1,7 +1,7 @@
 """Parts of a run that the runner calls at fixed points of its loop (as TRL's callbacks, torchtitan's components).
 
-The runner owns the steps and composes the trained state, checkpoints (checkpointer.py) and validations
-(validation.py); a component adds behaviour at these points, in the order `run_components.build_components` lists
+The runner owns the steps and composes the trained state, checkpoints (run_folder/run_checkpoints.py) and validations
+(validation.py); a component adds behaviour at these points, in the order `component_set.build_components` lists
 them, each hook on every rank unless it says otherwise:
 
     on_step(step, metrics)             after each optimizer step's metrics are logged

@@ -4,7 +4,7 @@ live; docs/ddrl.md), each read as a sanarl key (`WFM_RL_RENAMED`) or accepted, d
 
 from __future__ import annotations
 
-from sanarl.config.cosmos_keys import NotApplicable, _group
+from sanarl.config.cosmos.key_table import NotApplicable, _group
 
 WFM_RL_SOURCE = {
     "repository": "nvidia-cosmos/cosmos-rl",

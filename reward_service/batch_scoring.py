@@ -33,7 +33,7 @@ from sanarl.errors import UserError
 from sanarl.rewards.base import Reward
 from sanarl.rewards.video import frames_as_images, reduce_frames
 
-log = logging.getLogger("reward_service.scoring")
+log = logging.getLogger("reward_service.batch_scoring")
 
 
 @dataclass

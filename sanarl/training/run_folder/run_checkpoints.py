@@ -2,8 +2,8 @@
 
 A checkpoint holds everything resume needs: the model and EMA tensors, the optimizer and LR schedule
 (`train_state.TrainState`), meta.json (the step, the world size and the run's record: config, plugin) and each
-run component's state as `<name>.pt` (sanarl/training/components.py). Every rank gathers, rank 0 writes into a
-staging folder that becomes the checkpoint at once (sanarl/training/checkpoint.py), so a crash never leaves half a
+run component's state as `<name>.pt` (sanarl/training/component_hooks.py). Every rank gathers, rank 0 writes into a
+staging folder that becomes the checkpoint at once (sanarl/training/run_folder/checkpoint_store.py), so a crash never leaves half a
 checkpoint; non-finite weights are never saved.
 """
 
@@ -18,9 +18,9 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.errors import UserError
-from sanarl.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from sanarl.training.components import RunComponent
+from sanarl.training.component_hooks import RunComponent
 from sanarl.training.distributed import rank0_minutes_passed
+from sanarl.training.run_folder.checkpoint_store import CheckpointError, load_checkpoint, save_checkpoint
 from sanarl.training.tracking import plot_run_metrics
 from sanarl.training.train_state import TrainState, divergence
 

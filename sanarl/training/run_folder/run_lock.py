@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sanarl.errors import UserError
-from sanarl.training.folders import make_dir
-from sanarl.training.run_files import link_error
+from sanarl.training.run_folder.folders import make_dir
+from sanarl.training.run_folder.run_files import link_error
 
 LOCK_NAME = ".lock"
 

@@ -11,7 +11,7 @@ import torch
 
 from sanarl.config.schema import Config
 from sanarl.errors import UserError
-from sanarl.training.folders import make_dir
+from sanarl.training.run_folder.folders import make_dir
 
 MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
 

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from sanarl.errors import UserError
 from sanarl.training.faults import fail_point, pause_point
-from sanarl.training.run_files import is_disk_full
+from sanarl.training.run_folder.run_files import is_disk_full
 
 PREFIX = "step_"
 STAGING = ".staging-"
@@ -407,7 +407,7 @@ def retire(paths: list[Path], root: Path, why: str) -> Path | None:
 
 def resolve_resume(resume: bool | str, checkpoints_root: Path) -> Path | None:
     """The checkpoint `train.resume` designates, or None to start fresh (no verification: see
-    sanarl/training/resume.py).
+    sanarl/training/run_folder/resume.py).
 
     true: the newest checkpoint under `checkpoints_root` (None if there is none yet: a first run of a resumable
     preset starts fresh). A path: that checkpoint directory, or the newest inside a run / checkpoints directory.

@@ -1,6 +1,6 @@
 """Held-out scoring: build named rewards and score images with every key of every reward.
 
-Shared by `sanarl eval`, the shapes bench (sanarl/evaluation/scoring.py generates, then scores here) and the
+Shared by `sanarl eval`, the shapes bench (sanarl/evaluation/generation.py generates, then scores here) and the
 runner's reward-hacking guard (`validation.held_out_rewards`). Scores are keyed `<reward>/<key>` (every key a
 reward returns, e.g. `shapes/strict`, `shapes/partial`, `pickscore/pickscore`).
 """

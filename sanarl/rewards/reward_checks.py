@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sanarl.config.cosmos_rl import reward_lines
+from sanarl.config.cosmos.drop_in import reward_lines
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, DataError
 from sanarl.rewards.base import Reward, RewardInputError
@@ -72,7 +72,7 @@ def check_reward_prompts(cfg: Config, plugin: Any) -> None:
 
 def check_reward_names(cfg: Config) -> list[str]:
     """Each reward of the run is scored in-process (its name is in the registry and it builds with its options) or
-    on the reward service (the registry's names, or Cosmos-RL's service names, see `cosmos_rl.reward_lines`);
+    on the reward service (the registry's names, or Cosmos-RL's service names, see `drop_in.reward_lines`);
     anything else fails here, before weights load (the service itself is asked by
     `sanarl.training.preflight`). Returns the lines to print."""
     tp = cfg.train.train_policy

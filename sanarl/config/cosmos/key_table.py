@@ -10,7 +10,7 @@ at the commit in `SOURCE`) is one of:
 
 Values of honoured keys that Cosmos-RL spells differently are mapped with a note (`VALUE_MAPS`); values and
 forms sanarl cannot run are refused with the reason (`UNSUPPORTED_VALUES`, `UNSUPPORTED_FORMS`). The lookups over
-these tables are in `cosmos_rl.py`.
+these tables are in `drop_in.py`.
 """
 
 from __future__ import annotations

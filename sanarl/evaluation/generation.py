@@ -1,4 +1,4 @@
-"""Generation and scoring primitives (held-out scoring itself is sanarl/rewards/scoring.py) shared by `sanarl eval`, the shapes bench and (optionally) the runner.
+"""Generation and scoring primitives (held-out scoring itself is sanarl/rewards/held_out.py) shared by `sanarl eval`, the shapes bench and (optionally) the runner.
 
 Scores are keyed `<reward>/<key>` (every key a reward returns, e.g. `shapes/strict`, `shapes/partial`,
 `pickscore/pickscore`); off-target image statistics (shapes world, docs/shapes.md) are keyed `stats/<name>`.
@@ -13,7 +13,7 @@ import torch
 
 from sanarl.models.base import DiffusionAdapter
 from sanarl.rewards.base import Reward
-from sanarl.rewards.scoring import build_rewards, score_images
+from sanarl.rewards.held_out import build_rewards, score_images
 from sanarl.rewards.summary import describe
 from sanarl.training.sampling import GenerationSpec, generate_images
 from sanarl.worlds import shapes as world

@@ -1,4 +1,4 @@
-"""Apply a training checkpoint (`<run>/checkpoints/step_N/`, training/checkpoint.py layout) to a freshly loaded adapter.
+"""Apply a training checkpoint (`<run>/checkpoints/step_N/`, sanarl/training/run_folder/checkpoint_store.py layout) to a freshly loaded adapter.
 
 The checkpoint's `model.safetensors` holds what `Task.state_tensors` saved (every LoRA adapter, or the whole
 transformer) and `ema.safetensors`, when the run had EMA, the shadow of every trainable parameter by name. The

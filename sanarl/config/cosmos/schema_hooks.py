@@ -1,8 +1,8 @@
 """The trainer config's build hooks (`engine.Hooks`): Cosmos-RL's keys and spellings accepted by sanarl's schema.
 
-Keys of Cosmos-RL's schema that sanarl does not use (`cosmos_rl.NOT_APPLICABLE`, and `schema.IGNORED_KEYS`) are
+Keys of Cosmos-RL's schema that sanarl does not use (`drop_in.NOT_APPLICABLE`, and `schema.IGNORED_KEYS`) are
 accepted, dropped, listed in `Context.ignored` and kept with their values in `Context.dropped`; aliases
-(`schema.ALIASES`, `cosmos_rl.RENAMED`) and Cosmos-RL spellings of values (`cosmos_rl.VALUE_MAPS`) are renamed with
+(`schema.ALIASES`, `drop_in.RENAMED`) and Cosmos-RL spellings of values (`drop_in.VALUE_MAPS`) are renamed with
 a note in `Context.notes`.
 """
 
@@ -10,25 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from sanarl.config import cosmos_rl
+from sanarl.config.cosmos import drop_in
 from sanarl.config.engine import Context, Hooks, in_schema, toml_kind
 from sanarl.config.schema import ALIASES, IGNORED_KEYS, Config
 from sanarl.config.suggest import closest
 from sanarl.errors import ConfigError
 
-ALL_ALIASES: dict[str, str] = {**ALIASES, **{k: v[0] for k, v in cosmos_rl.RENAMED.items()}}
+ALL_ALIASES: dict[str, str] = {**ALIASES, **{k: v[0] for k, v in drop_in.RENAMED.items()}}
 """Every accepted alias -> its canonical key."""
 
 
 def is_ignored(path: str) -> bool:
     """True for the keys of `schema.IGNORED_KEYS` (and their sub-keys)."""
-    parts = cosmos_rl.strip_indices(path).split(".")
+    parts = drop_in.strip_indices(path).split(".")
     return any(".".join(parts[:n]) in IGNORED_KEYS for n in range(1, len(parts) + 1))
 
 
 def alias_note(alias: str, canonical: str, where: str) -> str:
     a_key, c_key = alias.rpartition(".")[2], canonical.rpartition(".")[2]
-    why = cosmos_rl.RENAMED.get(alias, ("", ""))[1]
+    why = drop_in.RENAMED.get(alias, ("", ""))[1]
     return (
         f"`{a_key}` is read as `{c_key}` (`{alias}` in {where} is Cosmos-RL's spelling; sanarl's key is "
         f"`{canonical}`)." + (f" {why}." if why else "")
@@ -44,7 +44,7 @@ class CosmosHooks(Hooks):
         out = dict(data)
         if path == "":
             try:
-                out, notes, dropped = cosmos_rl.move_wfm_rl(out)
+                out, notes, dropped = drop_in.move_wfm_rl(out)
             except ValueError as err:
                 raise ConfigError(f"{err} ({ctx.where})") from None
             ctx.notes.extend(notes)
@@ -55,9 +55,7 @@ class CosmosHooks(Hooks):
             c_key = canonical.rpartition(".")[2]
             if a_parent != path or a_key not in out:
                 continue
-            if (
-                c_key in out and canonical in cosmos_rl.SHADOWED
-            ):  # Cosmos-RL's own key of that name means else
+            if c_key in out and canonical in drop_in.SHADOWED:  # Cosmos-RL's own key of that name means else
                 ctx.ignored.append(canonical)
                 ctx.dropped[canonical] = out.pop(c_key)
             if c_key in out:
@@ -85,9 +83,9 @@ class CosmosHooks(Hooks):
         return False
 
     def map_value(self, dotted: str, value: Any, ctx: Context) -> Any:
-        """`value` with Cosmos-RL's spelling mapped to sanarl's (`cosmos_rl.VALUE_MAPS`), noted; refused ones raise."""
+        """`value` with Cosmos-RL's spelling mapped to sanarl's (`drop_in.VALUE_MAPS`), noted; refused ones raise."""
         try:
-            new, note = cosmos_rl.map_value(dotted, value)
+            new, note = drop_in.map_value(dotted, value)
         except ValueError as err:
             raise ConfigError(f"{err} ({ctx.where})") from None
         if note:
@@ -95,35 +93,35 @@ class CosmosHooks(Hooks):
         return new
 
     def more_names(self, path: str) -> list[str]:
-        return cosmos_rl.known_children(path)
+        return drop_in.known_children(path)
 
     def _drop_cosmos(self, dotted: str, value: Any, ctx: Context) -> bool:
         """Drop (and record) a Cosmos-RL key sanarl does not use; False when `dotted` is not one of Cosmos-RL's keys.
 
         A not-applicable Cosmos-RL table is walked so that its keys are checked against Cosmos-RL's schema too.
         """
-        if cosmos_rl.is_table(dotted):
-            array = cosmos_rl.strip_indices(dotted) in cosmos_rl.ARRAY_TABLES and isinstance(value, list)
+        if drop_in.is_table(dotted):
+            array = drop_in.strip_indices(dotted) in drop_in.ARRAY_TABLES and isinstance(value, list)
             for i, item in enumerate(value if array else [value]):
                 where = f"{dotted}[{i}]" if array else dotted
                 if not isinstance(item, dict):
                     raise ConfigError(
                         f"wrong type for `{where}` in {ctx.where}: expected a table (Cosmos-RL's "
-                        f"[{cosmos_rl.strip_indices(where)}] section), got {item!r} ({toml_kind(item)}). "
+                        f"[{drop_in.strip_indices(where)}] section), got {item!r} ({toml_kind(item)}). "
                         "Make it a table."
                     )
-                known = cosmos_rl.known_children(dotted)
+                known = drop_in.known_children(dotted)
                 for key, sub in item.items():
                     if key not in known or not self._drop_cosmos(f"{where}.{key}", sub, ctx):
                         raise _unknown_cosmos_key(key, where, known, ctx.where)
             return True
-        if cosmos_rl.treatment(dotted) is None:
+        if drop_in.treatment(dotted) is None:
             parent, _, key = dotted.rpartition(".")
-            if parent and cosmos_rl.is_table(parent) and not in_schema(Config, parent):
-                raise _unknown_cosmos_key(key, parent, cosmos_rl.known_children(parent), ctx.where)
+            if parent and drop_in.is_table(parent) and not in_schema(Config, parent):
+                raise _unknown_cosmos_key(key, parent, drop_in.known_children(parent), ctx.where)
             return False
         try:
-            cosmos_rl.check_choice(dotted, value)
+            drop_in.check_choice(dotted, value)
         except ValueError as err:
             raise ConfigError(
                 f"{err} ({ctx.where}); fix the value or remove the key (sanarl does not use it)."
@@ -137,6 +135,6 @@ def _unknown_cosmos_key(key: str, path: str, known: list[str], where: str) -> Co
     close = closest(key, known)
     hint = f"; did you mean `{path}.{close}`?" if close else ""
     return ConfigError(
-        f"unknown key `{path}.{key}` in {where}{hint} (valid keys of [{cosmos_rl.strip_indices(path)}], a Cosmos-RL "
+        f"unknown key `{path}.{key}` in {where}{hint} (valid keys of [{drop_in.strip_indices(path)}], a Cosmos-RL "
         f"table that sanarl accepts and does not use: {', '.join(known)}). Fix its spelling or remove it."
     )

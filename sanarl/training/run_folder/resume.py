@@ -1,7 +1,7 @@
 """Which checkpoint a run resumes from, and what it does to the checkpoints already in its output_dir.
 
 `plan_resume` (rank 0, under the run lock, before any model loads) repairs what a kill left
-(`checkpoint.recover_root`), verifies the candidate checkpoints (checksums; `train.resume = true` falls back to the
+(`checkpoint_store.recover_root`), verifies the candidate checkpoints (checksums; `train.resume = true` falls back to the
 newest intact one with a notice, an explicit path must be intact), compares the config and plugin the checkpoint
 recorded with the run's (`sanarl.config.resume_rules`), and lists the checkpoints of this run's folder that must
 leave rotation before training on: damaged ones, and those of another timeline (past a rewind point, or all of
@@ -18,7 +18,7 @@ from typing import Any
 
 from sanarl.config.resume_rules import PLUGIN_KEY, config_changes
 from sanarl.errors import UserError
-from sanarl.training.checkpoint import (
+from sanarl.training.run_folder.checkpoint_store import (
     checkpoint_step,
     list_checkpoints,
     read_meta,
@@ -28,7 +28,7 @@ from sanarl.training.checkpoint import (
     unverified_notice,
     verify_checkpoint,
 )
-from sanarl.training.run_files import write_file
+from sanarl.training.run_folder.run_files import write_file
 
 
 @dataclass

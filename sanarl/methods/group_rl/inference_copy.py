@@ -2,7 +2,7 @@
 families").
 
 An inference copy is a separate transformer whose linear layers carry the "old" adapter merged into their weights
-(W = W_base + scale * B_old A_old), optionally quantized (sanarl/training/quantize.py: transformer-engine FP8 / NVFP4,
+(W = W_base + scale * B_old A_old), optionally quantized (sanarl/methods/group_rl/quantize.py: transformer-engine FP8 / NVFP4,
 torch-native FP8 or CPU int8) and torch.compile'd. It is refreshed in place after every old-adapter update, so it
 always equals theta_old.
 """
@@ -59,7 +59,7 @@ class InferenceCopy:
             self.module.to(dtype)
         self.refresh(live)
         if quantize is not None:
-            from sanarl.training.quantize import quantize_linears
+            from sanarl.methods.group_rl.quantize import quantize_linears
 
             quantize_linears(self.module, quantize, min_dim=min_quant_dim)
         self.forward_module: nn.Module = self.module
