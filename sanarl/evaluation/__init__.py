@@ -2,8 +2,8 @@
 
     from sanarl.evaluation import evaluate_rewards, load_prompts, resolve_checkpoint, run_eval
 
-Modules: `sources` (what to load), `weights` (checkpoint + EMA application), `prompts` (what to generate for),
-`scoring` (generate + score), `summary` (aggregates, GenEval accuracy, paired deltas), `run` (the command's
+Modules: `sources` (what to load), `apply_checkpoint` (checkpoint + EMA application), `prompts` (what to generate for),
+`generation` (generate + score), `summary` (aggregates, GenEval accuracy, paired deltas), `run` (the command's
 outputs), `console` (progress and table), `cli` (the Typer command). Docs: docs/eval.md.
 
 Names are imported lazily, so `sanarl.evaluation.cli` (imported by the CLI at start) pulls in no torch code.
@@ -21,8 +21,8 @@ _EXPORTS: dict[str, str] = {
     "generation_spec": "run",
     "run_eval": "run",
     "build_rewards": "sanarl.rewards.held_out",
-    "evaluate_rewards": "scoring",
-    "generate_and_score": "scoring",
+    "evaluate_rewards": "generation",
+    "generate_and_score": "generation",
     "score_images": "sanarl.rewards.held_out",
     "ModelSource": "sources",
     "load_source": "sources",
