@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sanarl.bench.base_model import RECIPES, ROOT, SHAPES_BASE, export_base, train_base
+from sanarl.bench.base_model import RECIPES, SHAPES_BASE, export_base, train_base
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: outputs/ lands beside the README
 
 
 def main() -> None:
