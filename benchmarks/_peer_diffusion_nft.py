@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from _peer_import import import_reference
-from _peers import MAX_SEQUENCE_LENGTH, TARGET_MODULES, PhaseClock, Side, Work
+from _peers import TARGET_MODULES, PhaseClock, ReferenceSd3Side, Work
 
 MODULES = [
     "diffusers_patch.pipeline_with_logprob",
@@ -43,7 +43,7 @@ def old_decay(step: int) -> float:
     return min(step * 0.001, 0.5)
 
 
-class DiffusionNftSide(Side):
+class DiffusionNftSide(ReferenceSd3Side):
     def __init__(self, checkout: Path, work: Work, model: Path, scratch: Path) -> None:
         from diffusers import StableDiffusion3Pipeline
         from peft import LoraConfig, get_peft_model
@@ -88,21 +88,6 @@ class DiffusionNftSide(Side):
         self.global_step, self.last_info = 0, {}
         for src, dst in zip(self.params, self.old_params, strict=True):
             dst.data.copy_(src.detach().data)
-
-    def _embed(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        encoders = [self.pipe.text_encoder, self.pipe.text_encoder_2, self.pipe.text_encoder_3]
-        tokenizers = [self.pipe.tokenizer, self.pipe.tokenizer_2, self.pipe.tokenizer_3]
-        with torch.no_grad():
-            return self.m["diffusers_patch.train_dreambooth_lora_sd3"].encode_prompt(
-                encoders, tokenizers, prompts, MAX_SEQUENCE_LENGTH
-            )
-
-    def _prompt_batches(self) -> list[list[str]]:
-        rows = [p for p in self.work.prompt_list() for _ in range(self.work.group)]
-        return [rows[i : i + self.work.batch] for i in range(0, len(rows), self.work.batch)]
-
-    def _timed_sample(self) -> list[dict]:
-        return self.clock.timed_rollout(self._sample)()
 
     def _sample(self) -> list[dict]:
         """SAMPLING with the old adapter; each batch's reward goes to the pool as the next batch samples."""

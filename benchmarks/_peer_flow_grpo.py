@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from _peer_import import import_reference
-from _peers import MAX_SEQUENCE_LENGTH, TARGET_MODULES, PhaseClock, Side, Work
+from _peers import TARGET_MODULES, PhaseClock, ReferenceSd3Side, Work
 
 MODULES = [
     "diffusers_patch.sd3_pipeline_with_logprob_fast",
@@ -38,7 +38,7 @@ ADV_CLIP_MAX = 5.0
 """flow_grpo's fast SD3 configs: train.clip_range, train.adv_clip_max (beta = 0: no KL forward)."""
 
 
-class FlowGrpoSide(Side):
+class FlowGrpoSide(ReferenceSd3Side):
     def __init__(self, checkout: Path, work: Work, model: Path, scratch: Path) -> None:
         from accelerate import Accelerator
         from diffusers import StableDiffusion3Pipeline
@@ -77,21 +77,6 @@ class FlowGrpoSide(Side):
         self.tracker = self.m["stat_tracking"].PerPromptStatTracker(True)  # the fast configs: global_std
         self.executor = futures.ThreadPoolExecutor(max_workers=8)
         self.global_step, self.last_info = 0, {}
-
-    def _embed(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        encoders = [self.pipe.text_encoder, self.pipe.text_encoder_2, self.pipe.text_encoder_3]
-        tokenizers = [self.pipe.tokenizer, self.pipe.tokenizer_2, self.pipe.tokenizer_3]
-        with torch.no_grad():
-            return self.m["diffusers_patch.train_dreambooth_lora_sd3"].encode_prompt(
-                encoders, tokenizers, prompts, MAX_SEQUENCE_LENGTH
-            )
-
-    def _prompt_batches(self) -> list[list[str]]:
-        rows = [p for p in self.work.prompt_list() for _ in range(self.work.group)]
-        return [rows[i : i + self.work.batch] for i in range(0, len(rows), self.work.batch)]
-
-    def _timed_sample(self) -> list[dict]:
-        return self.clock.timed_rollout(self._sample)()
 
     def _sample(self) -> list[dict]:
         """SAMPLING: each batch encoded, sampled with the SDE window, its reward submitted to the pool."""

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -175,6 +176,32 @@ class Side:
 
     def iteration(self) -> dict[str, float]:
         raise NotImplementedError
+
+
+class ReferenceSd3Side(Side):
+    """What both SD3 reference loops (flow_grpo, DiffusionNFT: both packages are named `flow_grpo`) do alike:
+    encode prompts with their `encode_prompt`, repeat each prompt `group` times in sampling batches, and time the
+    rollout. A subclass sets `pipe`, `m` (the reference's imported modules), `work`, `clock` and `_sample`."""
+
+    pipe: Any
+    m: dict[str, Any]
+    work: Work
+    clock: PhaseClock
+
+    def _embed(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoders = [self.pipe.text_encoder, self.pipe.text_encoder_2, self.pipe.text_encoder_3]
+        tokenizers = [self.pipe.tokenizer, self.pipe.tokenizer_2, self.pipe.tokenizer_3]
+        with torch.no_grad():
+            return self.m["diffusers_patch.train_dreambooth_lora_sd3"].encode_prompt(
+                encoders, tokenizers, prompts, MAX_SEQUENCE_LENGTH
+            )
+
+    def _prompt_batches(self) -> list[list[str]]:
+        rows = [p for p in self.work.prompt_list() for _ in range(self.work.group)]
+        return [rows[i : i + self.work.batch] for i in range(0, len(rows), self.work.batch)]
+
+    def _timed_sample(self) -> list[dict]:
+        return self.clock.timed_rollout(self._sample)()
 
 
 # --- peak memory: a fresh child per side (the method of scripts/measure_capacity.py) ---------------------------------
