@@ -164,7 +164,7 @@ def test_remote_nft_run_logs_the_in_process_rewards(service, tmp_path, monkeypat
         assert record["reward/std"] > 0 and record["reward/dropped"] == 0
 
 
-TIMING = ("time", "samples_per_s", "reward/time/")
+TIMING = ("time", "elapsed_s", "samples_per_s", "reward/time/")
 """Metrics that measure time (they differ between any two runs)."""
 
 
