@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from _peer_import import import_reference
-from _peers import TARGET_MODULES, PhaseClock, ReferenceSd3Side, Work
+from _peers import PhaseClock, ReferenceSd3Side, Work, frozen_sd3_pipeline, reference_lora_config
 
 MODULES = [
     "diffusers_patch.pipeline_with_logprob",
@@ -45,21 +45,12 @@ def old_decay(step: int) -> float:
 
 class DiffusionNftSide(ReferenceSd3Side):
     def __init__(self, checkout: Path, work: Work, model: Path, scratch: Path) -> None:
-        from diffusers import StableDiffusion3Pipeline
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         self.name, self.work = "DiffusionNFT", work
         self.m, self.patched = import_reference(checkout, "flow_grpo", MODULES, scratch)
-        pipe = StableDiffusion3Pipeline.from_pretrained(model)
-        for part in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3, pipe.transformer):
-            part.requires_grad_(False)
-        pipe.set_progress_bar_config(disable=True)
-        lora = LoraConfig(
-            r=work.rank,
-            lora_alpha=2 * work.rank,
-            init_lora_weights="gaussian",
-            target_modules=list(TARGET_MODULES),
-        )
+        pipe = frozen_sd3_pipeline(model)
+        lora = reference_lora_config(work.rank)
         model_ = get_peft_model(pipe.transformer, lora)
         model_.add_adapter("old", lora)
         model_.set_adapter("default")

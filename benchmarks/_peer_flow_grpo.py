@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from _peer_import import import_reference
-from _peers import TARGET_MODULES, PhaseClock, ReferenceSd3Side, Work
+from _peers import PhaseClock, ReferenceSd3Side, Work, frozen_sd3_pipeline, reference_lora_config
 
 MODULES = [
     "diffusers_patch.sd3_pipeline_with_logprob_fast",
@@ -41,21 +41,12 @@ ADV_CLIP_MAX = 5.0
 class FlowGrpoSide(ReferenceSd3Side):
     def __init__(self, checkout: Path, work: Work, model: Path, scratch: Path) -> None:
         from accelerate import Accelerator
-        from diffusers import StableDiffusion3Pipeline
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         self.name, self.work = "flow_grpo", work
         self.m, self.patched = import_reference(checkout, "flow_grpo", MODULES, scratch)
-        pipe = StableDiffusion3Pipeline.from_pretrained(model)
-        for part in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3, pipe.transformer):
-            part.requires_grad_(False)
-        pipe.set_progress_bar_config(disable=True)
-        lora = LoraConfig(
-            r=work.rank,
-            lora_alpha=2 * work.rank,
-            init_lora_weights="gaussian",
-            target_modules=list(TARGET_MODULES),
-        )
+        pipe = frozen_sd3_pipeline(model)
+        lora = reference_lora_config(work.rank)
         pipe.transformer = get_peft_model(pipe.transformer, lora)
         self.pipe, self.device = pipe, torch.device("cpu")
         self.params = [p for p in pipe.transformer.parameters() if p.requires_grad]

@@ -178,6 +178,26 @@ class Side:
         raise NotImplementedError
 
 
+def frozen_sd3_pipeline(model: Path) -> Any:
+    """The shared tiny SD3.5-M folder as a reference loads it: every part frozen, no progress bar."""
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(model)
+    for part in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3, pipe.transformer):
+        part.requires_grad_(False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def reference_lora_config(rank: int) -> Any:
+    """The references' LoRA: rank `rank`, alpha 2 x rank, gaussian init, the 8 attention projections."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank, lora_alpha=2 * rank, init_lora_weights="gaussian", target_modules=list(TARGET_MODULES)
+    )
+
+
 class ReferenceSd3Side(Side):
     """What both SD3 reference loops (flow_grpo, DiffusionNFT: both packages are named `flow_grpo`) do alike:
     encode prompts with their `encode_prompt`, repeat each prompt `group` times in sampling batches, and time the
