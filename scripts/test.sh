@@ -5,7 +5,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export SANARL_CACHE="${SANARL_CACHE:-$(mktemp -d)}"
 export HF_HUB_OFFLINE=1
-python -m pytest -q "$@"
+# Test files go to one worker each (tests/conftest.py), on every core (SANARL_TEST_WORKERS=0 runs them in this
+# process); each worker's torch and the CLI runs it starts use one thread, so the workers never fight over a core.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+python -m pytest -q -n "${SANARL_TEST_WORKERS:-auto}" --dist loadgroup "$@"
 code=$?
 if [ "$code" -eq 5 ]; then
     echo "pytest collected no tests: failing on purpose" >&2

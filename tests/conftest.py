@@ -9,6 +9,16 @@ import socket
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh runs `-n auto --dist loadgroup`), a test file goes to one worker whole, so
+    its module fixtures (tiny runs shared by many tests) are built once; files marked with one `xdist_group` (the
+    `accelerate launch` tests, which share port 29500) go to one worker together."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Tiny pipelines are built into a per-session cache unless SANARL_CACHE points somewhere already."""
