@@ -65,6 +65,7 @@ class SanarlSide(Side):
         from sanarl.training.runner import Runner
 
         self.name, self.patched, self.work = "sanarl", [], work
+        self.metrics: list[dict[str, float]] = []
         loaded = load_config(resolve_preset_path(PRESETS[pair]), overrides(pair, work, model, prompts, out))
         loaded.config.train.train_policy.remote_reward.reward_fns[0].name = "jpeg_compressibility"
         task = api.train(loaded, "sanarl.datasets.diffusion_nft", dry_run=True).task
@@ -76,9 +77,9 @@ class SanarlSide(Side):
         rollouts.rollout_with = self.clock.timed_rollout(rollouts.rollout_with)
 
     def iteration(self) -> dict[str, float]:
-        """One rollout and its `updates` optimizer steps (steps 0 .. updates - 1: every call samples afresh)."""
+        """One rollout and its `updates` optimizer steps (steps 0 .. updates - 1: every call samples afresh); their
+        metrics (loss, grad_norm, ...) appended to `metrics`."""
         return self.clock.iteration(self._steps)
 
     def _steps(self) -> None:
-        for step in range(self.work.updates):
-            self.runner.train_step(step)
+        self.metrics += [self.runner.train_step(step) for step in range(self.work.updates)]

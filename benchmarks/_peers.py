@@ -9,6 +9,7 @@ CLIP prompts to 77 tokens), saved with `save_pretrained` into a folder that sana
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,46 @@ class Side:
 
     def iteration(self) -> dict[str, float]:
         raise NotImplementedError
+
+
+@contextlib.contextmanager
+def own_gradient_state(held: dict[str, Any]) -> Iterator[None]:
+    """Run the body on accelerate's gradient-accumulation state `held` (empty: a fresh one), then put back the state
+    from before the body; `held` keeps what the body made of it.
+
+    accelerate keeps that state once per process (`GradientState`, shared by every Accelerator): the accumulation
+    `num_steps` by which each Accelerator's `backward` divides the loss, set by the Accelerator built last, and
+    `sync_gradients`, without which a prepared optimizer skips its step. Two sides in one process that each build
+    an Accelerator (sanarl's Runner; flow_grpo's with `gradient_accumulation_steps x window`; Flow-Factory's
+    trainer) would otherwise run on the state of the one built last."""
+    from accelerate.state import GradientState
+
+    shared = GradientState._shared_state
+    before = dict(shared)
+    shared.clear()
+    shared.update(held)
+    try:
+        yield
+    finally:
+        held.clear()
+        held.update(shared)
+        shared.clear()
+        shared.update(before)
+
+
+class Isolated(Side):
+    """A side built and run on its own accelerate gradient state (`own_gradient_state`), whatever the other
+    sides built in this process set."""
+
+    def __init__(self, build: Callable[[], Side]) -> None:
+        self._state: dict[str, Any] = {}
+        with own_gradient_state(self._state):
+            self.side = build()
+        self.name, self.patched = self.side.name, self.side.patched
+
+    def iteration(self) -> dict[str, float]:
+        with own_gradient_state(self._state):
+            return self.side.iteration()
 
 
 def frozen_sd3_pipeline(model: Path) -> Any:

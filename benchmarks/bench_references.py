@@ -38,7 +38,7 @@ from pathlib import Path
 
 import _common
 import torch
-from _peers import Side, Work, measure_child, peak_memory, save_model
+from _peers import Isolated, Side, Work, measure_child, peak_memory, save_model
 
 PHASES = ("rollout", "reward", "training", "whole", "wall")
 UPDATES = {"grpo": 2, "nft": 1, "ff-grpo": 2, "ff-nft": 1}
@@ -102,9 +102,25 @@ def check(args: argparse.Namespace) -> list[str]:
     if args.flow_factory is not None and any(p.startswith("ff-") for p in pairs) and args.batch != args.micro:
         fail(f"the ff- pairs need --batch {args.batch} = --micro {args.micro}: Flow-Factory samples and trains "
              "in batches of one size (per_device_batch_size).")  # fmt: skip
+    if args.flow_grpo is not None and "grpo" in pairs:
+        check_flow_grpo(args)
     if grpo and args.window >= args.steps:
         fail(f"--window {args.window} must be below --steps {args.steps}.")
     return pairs
+
+
+def check_flow_grpo(args: argparse.Namespace) -> None:
+    """flow_grpo's script trains in batches of its sampling batch (its SD3 configs: train.batch_size =
+    sample.train_batch_size) and steps the optimizer every num_batches_per_epoch / 2 of them (its configs assert
+    an even num_batches_per_epoch): the grpo pair needs --micro = --batch and an even count of sampling batches."""
+    updates, batches = UPDATES["grpo"], args.samples // args.batch
+    if args.micro == args.batch and batches % updates == 0:
+        return
+    fix = (f"e.g. --batch {args.samples // updates} --micro {args.samples // updates}" if args.samples % updates == 0
+           else f"--prompts x --group (here {args.samples}) must be a multiple of {updates}")  # fmt: skip
+    fail(f"the grpo pair with --flow-grpo needs --micro {args.micro} = --batch {args.batch} and a multiple of "
+         f"{updates} sampling batches (here {batches}): flow_grpo's script trains in batches of its sampling batch "
+         f"and steps its optimizer every num_batches_per_epoch / {updates} of them; {fix}.")  # fmt: skip
 
 
 def work_for(args: argparse.Namespace, pair: str) -> Work:
@@ -122,7 +138,12 @@ def work_for(args: argparse.Namespace, pair: str) -> Work:
 
 
 def build_side(pair: str, side: str, work: Work, args: argparse.Namespace, scratch: Path) -> Side:
-    """sanarl's or the reference's side of `pair` on `work` (model and prompt files under `scratch`)."""
+    """sanarl's or the reference's side of `pair` on `work` (model and prompt files under `scratch`), on its own
+    accelerate gradient state: the other side's Accelerator does not scale its loss or skip its optimizer step."""
+    return Isolated(lambda: _build_side(pair, side, work, args, scratch))
+
+
+def _build_side(pair: str, side: str, work: Work, args: argparse.Namespace, scratch: Path) -> Side:
     model = save_model(scratch / "tiny-sd35m")
     if side == "sanarl":
         from _peer_sanarl import SanarlSide

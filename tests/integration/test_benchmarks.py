@@ -197,15 +197,29 @@ def test_benchmark_runs_and_prints_its_result(bench: Bench, tmp_path: Path):
             ("--flow-grpo", "{tmp}", "--pairs", "grpo"),
             "--flow-grpo {tmp}: no scripts/train_sd3_fast.py there",
         ),
+        (  # flow_grpo's side would accumulate over 1 // 2 = 0 batches (issue 45's NaN at these sizes)
+            ("--flow-grpo", "{fg}", "--prompts", "1", "--group", "2", "--batch", "2", "--micro", "1"),
+            "the grpo pair with --flow-grpo needs --micro 1 = --batch 2 and a multiple of 2 sampling batches "
+            "(here 1)",
+        ),
     ],
-    ids=["unknown pair", "not a Flow-Factory checkout", "ff batch != micro", "not a flow_grpo checkout"],
+    ids=[
+        "unknown pair",
+        "not a Flow-Factory checkout",
+        "ff batch != micro",
+        "not a flow_grpo checkout",
+        "flow_grpo micro != batch",
+    ],
 )
 def test_bench_references_refuses_bad_arguments_before_loading(args, message, tmp_path: Path):
     """Bad arguments of bench_references.py: the message names the flag and the fix, exit code 2, no model built."""
     ff = tmp_path / "Flow-Factory"
     (ff / "src/flow_factory/trainers").mkdir(parents=True)
     (ff / "src/flow_factory/trainers/nft.py").write_text("")
-    argv = [a.format(tmp=tmp_path, ff=ff) for a in args]
+    fg = tmp_path / "flow_grpo"
+    (fg / "scripts").mkdir(parents=True)
+    (fg / "scripts/train_sd3_fast.py").write_text("")
+    argv = [a.format(tmp=tmp_path, ff=ff, fg=fg) for a in args]
     done = subprocess.run(
         [sys.executable, "benchmarks/bench_references.py", *argv],
         cwd=ROOT,
