@@ -3,13 +3,15 @@
 fix: an output directory that cannot be written, a `train.resume` that names no checkpoint or one past the run's
 `train.max_num_steps`, a logger that is not installed, in-process reward weights that
 are not on this machine, an unset REMOTE_REWARD_* variable or a reward service that does not answer or refuses the
-token, and a plugin whose samples do not have the preset's size.
+token, accelerate's own gradient accumulation set in the environment, and a plugin whose samples do not have the
+preset's size.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,8 @@ def preflight(cfg: Config, plugin: Any = None, *, dataset: Any = None, strict: b
     what only the training machine must have (logger packages, reward weights, the reward service) into
     warnings: `sanarl validate` where the model's own weights are missing too checks a preset, not this machine."""
     check_outputs(cfg)
-    lines = _machine_check(check_loggers, cfg, strict)
+    lines = _machine_check(check_accelerate_accumulation, cfg, strict)
+    lines += _machine_check(check_loggers, cfg, strict)
     lines += check_reward_weights(cfg, required=strict)
     lines += _machine_check(check_reward_service, cfg, strict)
     if dataset is not None and plugin is not None:
@@ -87,6 +90,28 @@ def _machine_check(check: Callable[[Config], list[str] | None], cfg: Config, str
         if strict:
             raise
         return [f"warning: {exc} (checked again when the run starts)"]
+
+
+ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+
+
+def check_accelerate_accumulation(cfg: Config) -> None:
+    """accelerate's own gradient accumulation is off (`ACCELERATE_GRADIENT_ACCUMULATION_STEPS` unset or 1): every
+    Accelerator reads it, and its `backward` divides each loss by it, while the runner already averages the
+    micro-batches of an optimizer step itself; any other count scales every gradient (0: a NaN gradient norm)."""
+    value = os.environ.get(ACCUMULATION_ENV)
+    if value is None or value.strip() == "1":
+        return
+    train = cfg.train
+    raise UserError(
+        f"{ACCUMULATION_ENV}={value!r} is set in the environment (accelerate's own gradient accumulation: "
+        "exported, or by `accelerate launch --use_deepspeed --gradient_accumulation_steps N`): accelerate would "
+        "divide every loss of the run by it, while sanarl already averages the micro-batches of each optimizer "
+        f"step itself (train.train_batch_per_replica = {train.train_batch_per_replica} samples in micro-batches "
+        f"of train.train_policy.mini_batch = {train.train_policy.mini_batch}), so every gradient would be divided "
+        f"by it as well (0: a NaN gradient norm at step 1). Unset it (`unset {ACCUMULATION_ENV}`) or set it to "
+        "1; for more samples per optimizer step raise train.train_batch_per_replica."
+    )
 
 
 def check_loggers(cfg: Config) -> None:

@@ -94,6 +94,14 @@ def _case(name: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list[st
         args = [*nft, "--set", 'validation.held_out_rewards=["aesthetic"]']
         ckpts = tmp_path / "no_ckpts"
         return args, {"SANARL_REWARD_CKPTS": str(ckpts)}, ["aesthetic", "mlp_path", "hf download"]
+    if name == "accumulation":  # accelerate would divide each loss by 0: a NaN gradient norm at step 1
+        args = ["--config", "tiny-shapes-grpo", "sanarl.datasets.shapes", "--set", "train.max_num_steps=1"]
+        words = [
+            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS='0'",
+            "train.train_policy.mini_batch = 32",
+            "set it to 1",
+        ]
+        return args, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "0"}, words
     if name == "remote_unset":
         return remote, {}, ["use_remote_reward", "REMOTE_REWARD_ENQUEUE_URL", "export it"]
     assert name == "remote_unreachable"
@@ -106,7 +114,15 @@ def _case(name: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list[st
     return remote, env, ["does not answer /health", "sanarl-reward --config", "REMOTE_REWARD_ENQUEUE_URL"]
 
 
-CASES = ["logger", "output_dir", "sample_size", "reward_weights", "remote_unset", "remote_unreachable"]
+CASES = [
+    "logger",
+    "output_dir",
+    "sample_size",
+    "reward_weights",
+    "remote_unset",
+    "remote_unreachable",
+    "accumulation",
+]
 
 
 def _assert_refused(done: subprocess.CompletedProcess, words: list[str], tmp_path: Path) -> None:
@@ -124,7 +140,7 @@ def test_validate_refuses_what_the_run_would_reject(case, tmp_path):
     _assert_refused(_sanarl(tmp_path, "validate", *args, **env), words, tmp_path)
 
 
-@pytest.mark.parametrize("case", ["sample_size", "logger", "remote_unreachable"])
+@pytest.mark.parametrize("case", ["sample_size", "logger", "remote_unreachable", "accumulation"])
 def test_a_run_refuses_it_at_start_before_any_model_loads(case, tmp_path):
     args, env, words = _case(case, tmp_path)
     _assert_refused(_sanarl(tmp_path, *args, **env), words, tmp_path)
