@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sanarl.config.method_rules import rules_of
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
+from sanarl.methods.awm import config as awm
 from sanarl.methods.ddrl import config as ddrl
 from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
@@ -86,6 +87,9 @@ METHODS: tuple[Method, ...] = (
            view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
            plan=ddrl.plan, trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
            bench={"ddrl": "tiny-shapes-ddrl"}),
+    Method(name="awm", policy_type="grpo", trainer_type="awm", task="sanarl.methods.awm.task:AWMTask",
+           view=awm.view, validate=awm.validate, warnings=awm.warnings, rollout_cost=awm.rollout_cost,
+           plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, bench={"awm": "tiny-shapes-awm"}),
 )  # fmt: skip
 
 
