@@ -117,12 +117,12 @@ def plan(cfg: Config) -> StepPlan:
 
 
 def trained_work(cfg: Config, guided: GuidedRows) -> TrainedWork:
-    """One trained forward per trained level (CFG-free), plus the base's forward with kl_beta and the EMA copy's
-    with ema_beta."""
+    """One trained row per trained level (CFG-free), all levels of a sample in one forward, plus the base's forward
+    with kl_beta and the EMA copy's with ema_beta."""
     levels = plan(cfg).levels
     tp = cfg.train.train_policy
     frozen = (1 if tp.kl_beta > 0 else 0) + (1 if tp.awm.ema_beta > 0 else 0)
-    return TrainedWork(levels=levels, rows=1, frozen_rows=levels * frozen)
+    return TrainedWork(levels=levels, rows=1, frozen_rows=levels * frozen, levels_per_forward=levels)
 
 
 def rollout_cost(cfg: Config, steps: int) -> tuple[int, int]:
