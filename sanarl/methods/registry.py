@@ -60,6 +60,9 @@ class Method:
     sde_transitions: bool = False
     """Trains on the recorded SDE / CPS transitions (Flow-GRPO's per-step ratio objective): with kl_beta and no
     LoRA it keeps a frozen reference copy of the transformer."""
+    base_copy: bool = False
+    """Keeps a frozen copy of the transformer as its KL base in a full fine-tune with kl_beta (AWM; the
+    `sde_transitions` methods do too)."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
 
@@ -89,7 +92,8 @@ METHODS: tuple[Method, ...] = (
            bench={"ddrl": "tiny-shapes-ddrl"}),
     Method(name="awm", policy_type="grpo", trainer_type="awm", task="sanarl.methods.awm.task:AWMTask",
            view=awm.view, validate=awm.validate, warnings=awm.warnings, rollout_cost=awm.rollout_cost,
-           plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, bench={"awm": "tiny-shapes-awm"}),
+           plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, base_copy=True,
+           bench={"awm": "tiny-shapes-awm"}),
 )  # fmt: skip
 
 

@@ -285,8 +285,7 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
             terms.append(Term(f"{quant} form of {params['quantized'] / 1e6:.0f}M quantized weights", packed,
                               "rollout.nvfp4_min_dim"))  # fmt: skip
     kl = cfg.train.train_policy.kl_beta > 0
-    frozen_base = method.sde_transitions or method.name == "awm"  # the methods whose KL keeps a frozen base copy
-    if frozen_base and kl and cfg.policy.lora is None:
+    if (method.sde_transitions or method.base_copy) and kl and cfg.policy.lora is None:
         terms.append(Term("reference copy (kl_beta, full fine-tune)", whole, "train.train_policy.kl_beta"))
     return terms
 
