@@ -71,3 +71,18 @@ def test_sd35m_awm_is_the_published_run():
     assert (t.optm_lr, t.optm_weight_decay, t.optm_grad_norm_clip, t.ema_decay) == (3e-4, 1e-4, 1.0, 0.99)
     assert (cfg.policy.lora.r, cfg.policy.lora.lora_alpha) == (32, 64)
     assert t.train_policy.remote_reward.reward_fns[0].name == "geneval"
+
+
+def test_awm_is_a_bench_method_compared_with_diffusion_nft():
+    from sanarl.bench.methods import METHODS, RATIOS, rollout_cost
+    from sanarl.bench.plan import resolve_plan
+
+    plan = resolve_plan(False, "awm,nft", 1, 10.0)
+    assert plan.methods == ("awm", "nft") and METHODS["awm"] == "tiny-shapes-awm"
+    assert ("awm", "nft") in [(a, b) for a, b, _ in RATIOS]
+    cfg = load_config(PRESETS / "tiny-shapes-awm.toml").config
+    assert rollout_cost(cfg, 10) == (640, 640)  # 64 rollout samples per step, each scored once
+    drafts = load_config(
+        PRESETS / "tiny-shapes-awm.toml", ["rollout.family=naive_scaling", "rollout.num_candidates=16"]
+    ).config
+    assert rollout_cost(drafts, 10) == (10 * 8 * 16, 10 * 8 * 16)  # 16 drafts per prompt, each scored
