@@ -19,6 +19,7 @@ KL reference: the base (LoRA: adapters disabled; a full fine-tune: a frozen copy
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from typing import TypedDict
 
 import torch
@@ -153,9 +154,13 @@ class AWMTask(GroupRLTask):
 
     @torch.no_grad()
     def _old_log_prob(self, batch: AWMBatch) -> torch.Tensor:
-        """[T, B] log p of the current (rollout) policy on the batch's rows."""
+        """[T, B] log p of the current (rollout) policy on the batch's rows, under the training forward's autocast
+        (so the first update's ratio is 1 up to the kernels)."""
         x0, eps, s, cond = self._rows(batch)
-        v = self.adapter.velocity(interpolate(x0, eps, s), s, cond)
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.run.param_dtype)
+        scope = nullcontext() if dtype is None else torch.autocast(self.adapter.device.type, dtype=dtype)
+        with scope:
+            v = self.adapter.velocity(interpolate(x0, eps, s), s, cond)
         return self._log_prob(v, x0, eps, s).reshape(batch["eps"].shape[:2]).cpu()
 
     def objective(self, batch: AWMBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
