@@ -44,6 +44,16 @@ DataSource = Literal["dataset", "synthetic"]
 """DDRL: where the data of its flow-matching term come from."""
 DataWeighting = Literal["edm", "uniform"]
 """DDRL: the per-level weight of its data term (edm: Cosmos-RL's, s^2 + (1 - s)^2 on the velocity; uniform: 1)."""
+AwmWeighting = Literal["uniform", "t", "t2", "huber", "ghuber"]
+"""AWM: the weighting of its flow-matching log-likelihood surrogate (sanarl.core.awm_loss.AWM_WEIGHTINGS)."""
+AwmLossType = Literal["exp_first", "sum_first"]
+"""AWM: the importance ratio per (level, sample) (exp_first) or per sample over its levels' mean (sum_first)."""
+AwmTimeType = Literal["discrete", "discrete_wo_init", "discrete_with_init"]
+"""AWM: how the trained grid steps are drawn (sanarl.core.awm_loss.AWM_STEP_SCHEMES)."""
+AwmKLWeight = Literal["uniform", "elbo"]
+"""AWM: the weight of its velocity KL terms (elbo: 1 / (2 std(s)^2))."""
+AwmEmaDecayType = Literal["linear", "constant"]
+"""AWM: the schedule of the decay of the EMA copy its `ema_beta` term pulls towards."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]

@@ -1,4 +1,5 @@
-"""The keys of the group-RL methods (DiffusionNFT, Flow-GRPO and DDRL, which adds `[train.train_policy.ddrl]`),
+"""The keys of the group-RL methods (DiffusionNFT, Flow-GRPO, DDRL, which adds `[train.train_policy.ddrl]`, and AWM,
+which adds `[train.train_policy.awm]`),
 one dataclass per method, each with type, default, range and doc at the field.
 
 Cosmos-RL keeps these keys flat in `[train.train_policy]` and `[policy.diffusers]`, and so does every sanarl
@@ -24,7 +25,7 @@ from sanarl.config.choices import (
 from sanarl.config.ranges import Above, AtLeast, Within
 from sanarl.config.reward_schema import RewardKeys
 
-GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl")
+GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl", "awm")
 """The methods that roll out prompt groups and learn from their rewards."""
 
 
@@ -64,14 +65,22 @@ class NFTPolicy(GroupPolicy):
 
 
 @dataclass
-class FlowGRPOPolicy(GroupPolicy):
+class ClippedPolicy(GroupPolicy):
+    """The group-RL keys plus the PPO clip range of the methods with an importance ratio (Flow-GRPO, DDRL's policy
+    term, AWM's ratio on its surrogate log-likelihood)."""
+
+    METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl", "awm")
+
+    clip_range: Annotated[float, Above(0, "Flow-GRPO uses 1e-4")] = 1e-4
+    """PPO clip range on the importance ratio (mean log-prob scale)."""
+
+
+@dataclass
+class FlowGRPOPolicy(ClippedPolicy):
     """The group-RL keys plus Flow-GRPO's (DDRL's policy term reads them too): the PPO clip range and the
     on-policy self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in training."""
 
     METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl")
-
-    clip_range: Annotated[float, Above(0, "Flow-GRPO uses 1e-4")] = 1e-4
-    """PPO clip range on the importance ratio (mean log-prob scale)."""
     sde_window_size: Annotated[int, AtLeast(0, "0 = every step stochastic")] = 0
     """Flow-GRPO-Fast: stochastic steps per rollout inside a random window (0 = every step stochastic)."""
     sde_window_range: list[int] = field(default_factory=lambda: [0, 10])

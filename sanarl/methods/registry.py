@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sanarl.config.method_rules import rules_of
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
+from sanarl.methods.awm import config as awm
 from sanarl.methods.ddrl import config as ddrl
 from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
@@ -59,6 +60,9 @@ class Method:
     sde_transitions: bool = False
     """Trains on the recorded SDE / CPS transitions (Flow-GRPO's per-step ratio objective): with kl_beta and no
     LoRA it keeps a frozen reference copy of the transformer."""
+    base_copy: bool = False
+    """Keeps a frozen copy of the transformer as its KL base in a full fine-tune with kl_beta (AWM; the
+    `sde_transitions` methods do too)."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
 
@@ -86,6 +90,10 @@ METHODS: tuple[Method, ...] = (
            view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
            plan=ddrl.plan, trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
            bench={"ddrl": "tiny-shapes-ddrl"}),
+    Method(name="awm", policy_type="grpo", trainer_type="awm", task="sanarl.methods.awm.task:AWMTask",
+           view=awm.view, validate=awm.validate, warnings=awm.warnings, rollout_cost=awm.rollout_cost,
+           plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, base_copy=True,
+           bench={"awm": "tiny-shapes-awm"}),
 )  # fmt: skip
 
 

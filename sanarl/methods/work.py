@@ -42,6 +42,9 @@ class TrainedWork:
     """Rows of each trained forward per sample (CFG branches, DDRL's data row, SOAR's auxiliary targets)."""
     frozen_rows: float = 0.0
     """Rows of forwards without gradient per sample and step, over all its levels."""
+    levels_per_forward: int = 1
+    """Levels one trained forward holds per sample (AWM stacks all its levels of a sample in one forward): the
+    memory plan's rows of a forward; the compute is the same."""
 
     def forward_rows(self) -> float:
         """Forward-equivalent rows per sample and step (a backward costs two forwards)."""

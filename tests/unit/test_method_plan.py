@@ -1,7 +1,8 @@
 """One plan per method: for every shipped preset the levels a sample trains are the same in the run (the task's
 own step arithmetic), the printed plan (`Task.describe`, what `sanarl validate` prints) and the capacity plan
 (`sanarl validate --gpus N --gpu NAME`, docs/capacity.md), and equal to the count re-derived here from the
-reference rule (DiffusionNFT's and flow_grpo's `num_train_timesteps = int(num_steps * timestep_fraction)`)."""
+reference rule (DiffusionNFT's and flow_grpo's `num_train_timesteps = int(num_steps * timestep_fraction)`; AWM's
+`train_timesteps`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def _expected_levels(cfg) -> int:
         return 1  # one noise level (SOAR: one trained forward over the main level and its auxiliary targets)
     if kind == "diffusion_nft":
         return max(1, int(sample.num_steps * fraction))
+    if kind == "awm":
+        return tp.awm.train_timesteps  # AWM's train.train_timesteps
     if kind == "ddrl" and tp.ddrl.train_on:
         return len(tp.ddrl.train_on)
     if tp.sde_window_size > 0:
@@ -60,6 +63,8 @@ def _run_levels(cfg) -> int:
         task.run, task.adapter = SimpleNamespace(mini_batch=2), None
         group = PromptGroup("p", {}, Cond(torch.zeros(1, 1, 1)), [0, 1], torch.zeros(2, 1, 2, 2), None, None)
         batches = task._training_batches([group], torch.zeros(2), torch.ones(2, dtype=torch.bool), rng)
+        if tp.trainer_type == "awm":  # one micro-batch per chunk, all its levels stacked
+            return len(batches[0]["s"])
         return len(batches)  # one chunk of both samples
     task.sigmas = grid
     task.spec = SimpleNamespace(solver=sample.solver, num_steps=sample.num_steps)

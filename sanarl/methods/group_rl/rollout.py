@@ -78,8 +78,11 @@ class Rollouts:
         *,
         uses_lora: bool,
         compile: bool,
+        sampling_adapter: str = "old",
     ) -> None:
         self.rollout_config, self.adapter, self.compile = rollout, adapter, compile
+        self.sampling_adapter = sampling_adapter
+        """The LoRA adapter that samples (DiffusionNFT: "old"; AWM: "default", the policy itself)."""
         ro = rollout
         self.family = ro.family
         self.k = ro.n_generation
@@ -141,7 +144,8 @@ class Rollouts:
         """Final latents for seeds, in chunks of rollout.batch_size, with the old policy (adapter or copy)."""
         module = None if copy_ is None else copy_.forward_module
         live = self.adapter.trainable_module()
-        ctx = using_adapter(live, "old") if copy_ is None and hasattr(live, "peft_config") else nullcontext()
+        lora = copy_ is None and hasattr(live, "peft_config")
+        ctx = using_adapter(live, self.sampling_adapter) if lora else nullcontext()
         out, bs = [], self.rollout_config.batch_size
         with ctx, torch.no_grad():
             for i in range(0, len(seeds), bs):

@@ -69,6 +69,8 @@ class GroupRLTask(CheckedTask):
     """The method's plan function (its config.py `plan`), set as `staticmethod(plan)`."""
     plan: StepPlan
     """The levels each kept sample trains per rollout: the count the printed and the capacity plans show."""
+    sampling_adapter: str = "old"
+    """The LoRA adapter `Rollouts.rollout` samples with (DiffusionNFT's behaviour policy; AWM: "default")."""
 
     def __init__(
         self, cfg: Config, adapter: DiffusionAdapter, plugin: DatasetPlugin, *, rank: int = 0, world: int = 1
@@ -97,6 +99,7 @@ class GroupRLTask(CheckedTask):
             self.adapter,
             uses_lora=self.uses_lora,
             compile=self.run.compile,
+            sampling_adapter=self.sampling_adapter,
         )
 
     def launch_check(self, fsdp: bool) -> None:

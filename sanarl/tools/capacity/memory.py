@@ -199,8 +199,9 @@ def guided_rows(cfg: Config, arch: Architecture, batch: int, guidance: float) ->
 
 def training_rows(cfg: Config, arch: Architecture) -> int:
     """Rows of one trained forward: mini_batch times the method's rows per sample (Flow-GRPO's CFG branches,
-    DDRL's data rows, SOAR's auxiliary targets)."""
-    return round(trained_work(cfg, arch).rows * cfg.train.train_policy.mini_batch)
+    DDRL's data rows, SOAR's auxiliary targets; AWM's levels stacked in one forward)."""
+    work = trained_work(cfg, arch)
+    return round(work.rows * work.levels_per_forward * cfg.train.train_policy.mini_batch)
 
 
 def _count_params(cfg: Config, arch: Architecture) -> dict[str, int]:
@@ -284,7 +285,7 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
             terms.append(Term(f"{quant} form of {params['quantized'] / 1e6:.0f}M quantized weights", packed,
                               "rollout.nvfp4_min_dim"))  # fmt: skip
     kl = cfg.train.train_policy.kl_beta > 0
-    if method.sde_transitions and kl and cfg.policy.lora is None:
+    if (method.sde_transitions or method.base_copy) and kl and cfg.policy.lora is None:
         terms.append(Term("reference copy (kl_beta, full fine-tune)", whole, "train.train_policy.kl_beta"))
     return terms
 

@@ -1,0 +1,1 @@
+"""AWM, Advantage Weighted Matching (docs/awm.md)."""
