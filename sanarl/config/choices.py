@@ -44,6 +44,9 @@ DataSource = Literal["dataset", "synthetic"]
 """DDRL: where the data of its flow-matching term come from."""
 DataWeighting = Literal["edm", "uniform"]
 """DDRL: the per-level weight of its data term (edm: Cosmos-RL's, s^2 + (1 - s)^2 on the velocity; uniform: 1)."""
+ImportanceRatio = Literal["plain", "guard"]
+"""Flow-GRPO: the importance ratio its PPO clip acts on (plain: the SDE step's log-prob ratio; guard: GRPO-Guard's
+normalised ratio, docs/algorithms.md "GRPO-Guard")."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]
