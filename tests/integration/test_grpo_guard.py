@@ -69,7 +69,7 @@ def test_the_shipped_tiny_preset_trains_from_the_command_line(cli_run):
     assert [r["step"] for r in trained] == [1, 2]
     first, second = trained
     assert first["ratio_first_dev"] < 1e-3 and first["log_ratio_guard"] == pytest.approx(0, abs=1e-6)
-    assert all(r["grad_norm"] > 0 and math.isfinite(r["reward/mean"]) for r in trained)
+    assert all(r["grad_norm"] > 0 for r in trained) and math.isfinite(first["reward/mean"])  # one rollout
     # the second step re-reads the rollout after an update: the ratios move off 1
     assert second["log_ratio_plain"] != 0 and second["approx_kl"] > 0
     assert (second["ratio_min"], second["ratio_max"]) != (1.0, 1.0)
