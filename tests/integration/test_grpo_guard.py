@@ -140,7 +140,7 @@ def test_the_trained_loss_is_flow_factorys_grpo_guard_loss_with_its_gradients(of
         want = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps, 1 + eps)).mean() * batch["weight"]
         grads = torch.autograd.grad(want, params)
         assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-12)
-        assert metrics["ratio_mean"] == pytest.approx(float(ratio.mean()), rel=1e-6)
+        assert metrics["ratio_mean"] == pytest.approx(ratio.mean().item(), rel=1e-6)
         for g, w in zip(got, grads, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-10)
         checked += int(float(torch.cat([w.flatten() for w in grads]).abs().max()) > 0)

@@ -295,6 +295,11 @@ class FlowGRPOTask(GroupRLTask):
         """GRPO-Guard's clipped loss on the normalised ratio of the step, sigma = std sqrt(s - s') its transition
         std; the metrics of `ppo_clip_loss` on that ratio, and the batch means of both log-ratios (guard, plain)."""
         device, eps = t.x.device, self.view.train_policy.clip_range
+        if "old_mean" not in batch:
+            raise RuntimeError(
+                "train.train_policy.ratio = 'guard' needs the rollout policy's step means, but this rollout did not "
+                "store them (flow_grpo's sample_trajectories keeps them with keep_means=True)."
+            )
         sigma = t.std * (batch["s"] - batch["s_next"]).to(device).sqrt()
         log_ratio = guard_log_ratio(t.log_prob, t.old_log_prob, t.mean, batch["old_mean"].to(device), sigma)
         loss, m = guard_clip_loss(log_ratio, t.adv, -eps, eps)
