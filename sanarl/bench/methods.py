@@ -19,6 +19,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("nft", "grpo", "DiffusionNFT vs Flow-GRPO at equal wall time"),
     ("ddrl", "grpo", "DDRL vs Flow-GRPO-Fast at equal wall time"),
     ("awm", "nft", "AWM vs DiffusionNFT at equal wall time"),
+    ("grpo-guard", "grpo", "GRPO-Guard vs Flow-GRPO-Fast at equal wall time"),
 )
 """(numerator, denominator, what) pairs of held-out strict accuracy reported as ratios when both ran."""
 

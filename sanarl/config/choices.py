@@ -54,6 +54,9 @@ AwmKLWeight = Literal["uniform", "elbo"]
 """AWM: the weight of its velocity KL terms (elbo: 1 / (2 std(s)^2))."""
 AwmEmaDecayType = Literal["linear", "constant"]
 """AWM: the schedule of the decay of the EMA copy its `ema_beta` term pulls towards."""
+ImportanceRatio = Literal["plain", "guard"]
+"""Flow-GRPO: the importance ratio its PPO clip acts on (plain: the SDE step's log-prob ratio; guard: GRPO-Guard's
+normalised ratio, docs/algorithms.md "GRPO-Guard")."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]

@@ -16,6 +16,7 @@ from typing import Annotated, ClassVar
 
 from sanarl.config.choices import (
     AdvMode,
+    ImportanceRatio,
     PreviewPrecision,
     RolloutBackend,
     RolloutFamily,
@@ -77,10 +78,17 @@ class ClippedPolicy(GroupPolicy):
 
 @dataclass
 class FlowGRPOPolicy(ClippedPolicy):
-    """The group-RL keys plus Flow-GRPO's (DDRL's policy term reads them too): the PPO clip range and the
-    on-policy self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in training."""
+    """The group-RL keys plus Flow-GRPO's (DDRL's policy term reads them too): the PPO clip range, its importance
+    ratio and the on-policy self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in
+    training."""
 
     METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl")
+
+    ratio: ImportanceRatio = "plain"
+    """The importance ratio the PPO clip acts on: "plain" (Flow-GRPO: exp(logp_theta - logp_old) of each SDE step)
+    or "guard" (GRPO-Guard, arXiv 2510.22319: the log-ratio times the step's transition std plus the squared
+    mean shift over twice that std, zero-mean at every step; clipped to [1 - clip_range, 1 + clip_range]). "guard"
+    needs solver = "flow_sde" (the reference defines it on that step only) and trainer_type = "flow_grpo"."""
     sde_window_size: Annotated[int, AtLeast(0, "0 = every step stochastic")] = 0
     """Flow-GRPO-Fast: stochastic steps per rollout inside a random window (0 = every step stochastic)."""
     sde_window_range: list[int] = field(default_factory=lambda: [0, 10])

@@ -322,6 +322,8 @@ class SampleOutput:
     log_probs: ``[B, len(timesteps_used)]`` float32 log-probs of the stochastic steps, None for ODE solvers.
     sigmas: the ``[N + 1]`` grid used.
     timesteps_used: indices i of the steps ``sigmas[i] -> sigmas[i + 1]`` that used the stochastic solver.
+    means: ``[B, len(timesteps_used), ...]`` float32 step means of the stochastic steps if asked for (GRPO-Guard's
+        old means), else None.
     """
 
     latents: Tensor
@@ -329,6 +331,7 @@ class SampleOutput:
     log_probs: Tensor | None
     sigmas: Tensor
     timesteps_used: list[int]
+    means: Tensor | None = None
 
 
 def _check_grid(sigmas: Tensor) -> list[float]:
@@ -370,6 +373,7 @@ def sample_loop(
     return_trajectory: bool = False,
     window: tuple[int, int] | None = None,
     callback: Callable[[int, float, Tensor], None] | None = None,
+    return_means: bool = False,
 ) -> SampleOutput:
     """Integrate from ``x_init`` at ``sigmas[0]`` down to ``sigmas[N] = 0`` with one solver.
 
@@ -384,6 +388,7 @@ def sample_loop(
         window: ``(a, b)``: only steps a..b-1 are stochastic, the others Euler (Flow-GRPO-Fast); stochastic solvers
             only. Default: every step of a stochastic solver.
         callback: called as ``callback(i, s_next, x_next)`` after step i.
+        return_means: keep the stochastic steps' means (``SampleOutput.means``).
 
     Returns:
         ``SampleOutput``. The loop does not touch autograd mode: wrap rollouts in ``torch.no_grad()``.
@@ -392,15 +397,17 @@ def sample_loop(
     num_steps = len(grid) - 1
     stochastic = set(_stochastic_steps(solver, num_steps, window))
     batch = x_init.shape[0]
-    x, state, log_probs = x_init, None, []
+    x, state, log_probs, means = x_init, None, [], []
     trajectory = [x_init] if return_trajectory else None
     for i in range(num_steps):
         s, s_next = grid[i], grid[i + 1]
         v = velocity_fn(x, torch.full((batch,), s, dtype=torch.float32, device=x.device))
         if i in stochastic:
             step = flow_sde_step if solver == "flow_sde" else cps_step
-            x, logp, _, _ = step(x, v, s, s_next, eta=eta, s_first_next=grid[1], generator=generators)
+            x, logp, mean, _ = step(x, v, s, s_next, eta=eta, s_first_next=grid[1], generator=generators)
             log_probs.append(logp)
+            if return_means:
+                means.append(mean)
         elif solver == "dpm2":
             x, state = dpm2_step(x, v, s, s_next, state)
         else:
@@ -415,4 +422,5 @@ def sample_loop(
         log_probs=torch.stack(log_probs, dim=1) if log_probs else None,
         sigmas=sigmas,
         timesteps_used=sorted(stochastic),
+        means=torch.stack(means, dim=1) if means else None,
     )

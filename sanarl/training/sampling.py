@@ -77,13 +77,14 @@ def generate_latents(
     window: tuple[int, int] | None = None,
     module: torch.nn.Module | None = None,
     start: torch.Tensor | None = None,
+    return_means: bool = False,
 ) -> SampleOutput:
     """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1;
     `module` samples with another copy of the transformer (default: the trained one, its active adapter).
 
     `return_trajectory` keeps every state (`SampleOutput.trajectory`); `start` [1, ...] is a start noise every
     sample shares (Flow-GRPO's `same_noise_per_group`) in place of the seeds' own, whose generators still draw the
-    stochastic steps' noise."""
+    stochastic steps' noise; `return_means` keeps the stochastic steps' means (`SampleOutput.means`)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     if start is not None:
@@ -107,6 +108,7 @@ def generate_latents(
             generators=generators,
             return_trajectory=return_trajectory,
             window=window,
+            return_means=return_means,
         )
 
 

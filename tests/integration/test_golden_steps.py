@@ -65,12 +65,19 @@ RUNS: dict[str, tuple[str, ...]] = {
     "tiny-shapes-grpo": RL_BATCH,
     "tiny-shapes-ddrl": RL_BATCH,
     "tiny-shapes-awm": RL_BATCH,
+    "tiny-shapes-grpo-guard": RL_BATCH,
     "tiny-shapes-soar": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
     "tiny-video-sft": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
 }
 """Preset -> its --set values (besides SHORT and the output folder)."""
-REWARDED = {"tiny-shapes-nft", "tiny-shapes-nft-solrl", "tiny-shapes-grpo", "tiny-shapes-ddrl"}
-REWARDED.add("tiny-shapes-awm")
+REWARDED = {
+    "tiny-shapes-nft",
+    "tiny-shapes-nft-solrl",
+    "tiny-shapes-grpo",
+    "tiny-shapes-ddrl",
+    "tiny-shapes-awm",
+}
+REWARDED |= {"tiny-shapes-grpo-guard"}
 """The methods that score rollouts with a reward (SFT and SOAR train on data alone)."""
 KEYS = ("loss", "grad_norm", "reward/mean")
 """Pinned per step where the method logs them, with every loss term it logs (`*_loss`: policy, KL, data;

@@ -53,6 +53,19 @@ def test_ddrl_is_a_bench_method_with_its_rollout_cost():
     assert rollout_cost(synthetic, 10) == (640 + 80, 640)  # plus one unscored base sample per prompt group
 
 
+def test_grpo_guard_is_a_bench_method_compared_with_flow_grpo():
+    from sanarl.bench.methods import METHODS, RATIOS, rollout_cost
+    from sanarl.config.presets import resolve_preset_path
+    from sanarl.methods.config_loading import load_config
+
+    assert resolve_plan(False, "grpo-guard,grpo", 1, 30.0).methods == ("grpo-guard", "grpo")
+    assert METHODS["grpo-guard"] == "tiny-shapes-grpo-guard"
+    assert ("grpo-guard", "grpo") in [(a, b) for a, b, _ in RATIOS]
+    cfg = load_config(resolve_preset_path("tiny-shapes-grpo-guard")).config
+    assert cfg.train.train_policy.ratio == "guard"
+    assert rollout_cost(cfg, 10) == (640, 640)  # the rollout of Flow-GRPO: 64 samples per step, each scored
+
+
 def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
     out = tmp_path / "bench"
     code, stdout, stderr = run_cli("bench", "shapes", "--plan", "--output", out)

@@ -67,6 +67,20 @@ def test_sd35_style_flow_grpo_presets_take_two_optimizer_steps_per_rollout(prese
     )  # flow_grpo's SD3.5 configs: the second update is where the clip acts
 
 
+GUARD_PRESETS = ["tiny-shapes-grpo-guard", "sd35m-grpo-guard", "sd35l-grpo-guard", "sana-image-grpo-guard",
+                 "flux1-grpo-guard", "sana-video-grpo-guard"]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", GUARD_PRESETS)
+def test_grpo_guard_presets_carry_its_published_defaults_on_the_flow_sde_step(preset):
+    cfg = load_config(PRESETS / f"{preset}.toml")
+    tp, sample = cfg.train.train_policy, cfg.policy.diffusers.sample
+    # Flow-Factory's GRPOTrainingArguments: clip_range (-1e-4, 1e-4), adv_clip_range (-5, 5), kl_beta 0; Flow-SDE
+    assert (tp.trainer_type, tp.ratio, tp.clip_range, tp.kl_beta) == ("flow_grpo", "guard", 1e-4, 0.0)
+    assert (tp.advantage_low, tp.advantage_high) == (-5.0, 5.0)
+    assert (sample.solver, sample.noise_level) == ("flow_sde", 0.7)
+
+
 @pytest.mark.parametrize("preset", ["sd35m-grpo", "sana-image-grpo", "sd35m-ddrl", "sana-image-ddrl"])
 def test_presets_with_flow_grpos_ema_update_it_after_every_sample_batch(preset):
     t = load_config(PRESETS / f"{preset}.toml").train

@@ -52,6 +52,13 @@ def warnings(cfg: Config) -> list[str]:
 def check_ddrl_config(cfg: Config) -> None:
     """`[train.train_policy.ddrl]` against the rest of the config (ConfigError naming the key and the fix)."""
     d, tp = cfg.train.train_policy.ddrl, cfg.train.train_policy
+    require(
+        tp.ratio == "plain",
+        "train.train_policy.ratio = 'guard' (GRPO-Guard) is a Flow-GRPO option: its reference defines the "
+        "normalised ratio for Flow-GRPO's clipped objective alone, and DDRL's loss (its policy term beside the data "
+        "term and Cosmos-RL's loss_scale) has no GRPO-Guard form; set ratio = 'plain' for trainer_type = 'ddrl', "
+        "or trainer_type = 'flow_grpo' for GRPO-Guard.",
+    )
     if d.update_ref_every_iter > 0:
         _check_ref_updates(cfg, d.update_ref_every_iter)
     if d.train_on:

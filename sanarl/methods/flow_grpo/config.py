@@ -58,6 +58,7 @@ def validate(cfg: Config) -> None:
             f"rollout.family = {ro.family!r} / num_candidates = {ro.num_candidates} (Sol-RL's searches, for "
             "DiffusionNFT) do not apply: remove them (family = 'diffusionnft', num_candidates = 0)."
         )
+    _check_guard(tp.ratio, sample.solver)
     _check_window(tp.sde_window_size, tp.sde_window_range, n, sample.solver)
     check_steps_per_rollout(cfg)
     if sample.solver == "cps" and tp.sde_window_size == 0 and n < 2:
@@ -75,6 +76,19 @@ def warnings(cfg: Config) -> list[str]:
             "always use the stochastic `solver`."
         ]
     return []
+
+
+def _check_guard(ratio: str, solver: str) -> None:
+    """GRPO-Guard's normalisation rests on the Gaussian log-density of the Flow-SDE step (its zero-mean identity
+    needs `log p = -(x' - mu)^2 / (2 sigma^2) + const`); CPS's log-prob is another score, and Flow-Factory's
+    GRPO-Guard is documented for its Flow-SDE dynamics only."""
+    if ratio == "guard" and solver != "flow_sde":
+        raise ConfigError(
+            f"train.train_policy.ratio = 'guard' (GRPO-Guard) normalises the Gaussian log-probability of the "
+            f"Flow-SDE step, but policy.diffusers.sample.solver = {solver!r}, whose log-prob is not that density "
+            "(the reference defines GRPO-Guard on the Flow-SDE step only); set solver = 'flow_sde' (e.g. with "
+            "noise_level = 0.7), or ratio = 'plain' to keep this solver."
+        )
 
 
 def _check_window(size: int, window_range: list[int], num_steps: int, solver: str) -> None:

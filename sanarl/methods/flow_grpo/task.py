@@ -10,6 +10,9 @@ One rollout (served over `optimizer_steps_per_rollout` optimizer steps):
   4. objective:
          logp = log p_theta(x_{i+1} | x_i)   re-evaluated with x_next = x_{i+1}, same (s_i, s_{i+1}), same guidance
          L    = PPO-clip(logp, logp_rollout, A, clip_range) + kl_beta * mean_B mean_CHW (mu_theta - mu_ref)^2 / (2 std^2)
+     with `ratio = "guard"` (GRPO-Guard, flow_sde only) the clip acts on the normalised ratio
+         log r = sigma (logp - logp_rollout) + mean_CHW (mu_theta - mu_rollout)^2 / (2 sigma),  sigma = std sqrt(s - s')
+     whose old means mu_rollout the rollout stores beside its log-probs (docs/algorithms.md, "GRPO-Guard");
   5. after each step: the ratio extremes and the on-policy self-check are reported.
 
 Old policy: the log-probs stored at rollout are the "old" ones. The rollout's micro-batches are split over
@@ -38,13 +41,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
-from typing import NamedTuple, TypedDict
+from typing import NamedTuple, NotRequired, TypedDict
 
 import torch
 
 from sanarl.config.dataset_plugins import DatasetPlugin
 from sanarl.config.schema import Config
 from sanarl.core.advantages import clip_advantages
+from sanarl.core.grpo_guard import guard_clip_loss, guard_log_ratio
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
 from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step
@@ -87,6 +91,8 @@ class GRPOBatch(TypedDict):
     cond: Cond
     weight: float
     """Loss weight (group_rl.set_loss_weights; 0 for DDP padding)."""
+    old_mean: NotRequired[torch.Tensor]
+    """[B, ...] float32 the rollout policy's step mean (GRPO-Guard only)."""
 
 
 class Transition(NamedTuple):
@@ -162,6 +168,7 @@ class FlowGRPOTask(GroupRLTask):
             window=window,
             same_noise=tp.same_noise_per_group,
             batch_size=self.view.rollout.batch_size,
+            keep_means=tp.ratio == "guard",
         )
         module = self.adapter.trainable_module()
         module.eval()
@@ -222,6 +229,7 @@ class FlowGRPOTask(GroupRLTask):
             return []
         states = torch.cat([t.states for t in trajectories])[rows]
         old = torch.cat([t.log_probs for t in trajectories])[rows]
+        old_means = _old_means(trajectories, rows)
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups]).select(rows)
         n, mb = len(rows), self.run.mini_batch
         batches = []
@@ -243,12 +251,14 @@ class FlowGRPOTask(GroupRLTask):
                         **self._batch_extras(rows[idx], i, j == positions[0], rng),
                     )
                 )
+                if old_means is not None:
+                    batches[-1]["old_mean"] = old_means[idx, j]
         return batches
 
     def _padding_batch(self) -> GRPOBatch:
         """A zero-weight micro-batch built from this rank's first stored step."""
         t, groups, j = self.last_trajectories[0], self.last_groups, 0
-        return GRPOBatch(
+        batch = GRPOBatch(
             x=t.states[:1, j],
             x_next=t.states[:1, j + 1],
             s=self.sigmas[t.steps[j] : t.steps[j] + 1],
@@ -259,18 +269,51 @@ class FlowGRPOTask(GroupRLTask):
             cond=groups[0].cond,
             weight=0.0,
         )
+        if t.means is not None:
+            batch["old_mean"] = t.means[:1, j]
+        return batch
 
     # --- 4. objective: PPO-clip on the re-evaluated log-prob, plus the KL to the reference -------------------
     def objective(self, batch: GRPOBatch, rng: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         t = self._transition(batch)
         tp = self.view.train_policy
-        policy_loss, m = ppo_clip_loss(t.log_prob, t.old_log_prob, t.adv, tp.clip_range)
+        if tp.ratio == "guard":
+            policy_loss, m = self._guard_policy_loss(t, batch)
+        else:
+            policy_loss, m = ppo_clip_loss(t.log_prob, t.old_log_prob, t.adv, tp.clip_range)
         kl = torch.zeros((), device=t.x.device)
         if tp.kl_beta > 0:
             kl = gaussian_mean_kl(t.mean, t.mean_ref, t.std).mean()
         loss = (policy_loss + tp.kl_beta * kl) * batch["weight"]
         metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "kl": kl.item()}
-        return loss, metrics | self._ratio_metrics(m, batch["weight"])
+        guard = {k: m[k].item() for k in ("log_ratio_guard", "log_ratio_plain") if k in m}
+        return loss, metrics | guard | self._ratio_metrics(m, batch["weight"])
+
+    def _guard_policy_loss(
+        self, t: Transition, batch: GRPOBatch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """GRPO-Guard's clipped loss on the normalised ratio of the step, sigma = std sqrt(s - s') its transition
+        std; the metrics of `ppo_clip_loss` on that ratio, and the batch means of both log-ratios (guard, plain)."""
+        device, eps = t.x.device, self.view.train_policy.clip_range
+        if "old_mean" not in batch:
+            raise RuntimeError(
+                "train.train_policy.ratio = 'guard' needs the rollout policy's step means, but this rollout did not "
+                "store them (flow_grpo's sample_trajectories keeps them with keep_means=True)."
+            )
+        sigma = t.std * (batch["s"] - batch["s_next"]).to(device).sqrt()
+        log_ratio = guard_log_ratio(t.log_prob, t.old_log_prob, t.mean, batch["old_mean"].to(device), sigma)
+        loss, m = guard_clip_loss(log_ratio, t.adv, -eps, eps)
+        lr = log_ratio.detach()
+        r = torch.exp(lr)
+        return loss, {
+            "ratio_mean": m["ratio_mean"],
+            "ratio_min": r.min(),
+            "ratio_max": r.max(),
+            "clip_frac": m["clip_frac_low"] + m["clip_frac_high"],
+            "approx_kl": 0.5 * lr.square().mean(),
+            "log_ratio_guard": lr.mean(),
+            "log_ratio_plain": (t.log_prob - t.old_log_prob).detach().mean(),
+        }
 
     def _transition(
         self, batch: GRPOBatch, extra: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -384,7 +427,8 @@ class FlowGRPOTask(GroupRLTask):
              f", grid steps 0 .. {trained.levels - 1}") + "; groups with equal rewards dropped"),
             ("micro-batches", f"{per_rank} / mini_batch {mb} = {per_rank // mb} per rank, x {trained.levels} trained "
              f"steps = {(per_rank // mb) * trained.levels} backward passes (at most)"),
-            ("loss", f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL to the {ref}"),
+            ("loss", ("GRPO-Guard's normalised ratio, " if tp.ratio == "guard" else "")
+             + f"PPO-clip (clip_range {tp.clip_range}) + {tp.kl_beta} x KL to the {ref}"),
             ("updates", f"{tp.optimizer_steps_per_rollout} optimizer step(s) per rollout, each on 1/"
              f"{tp.optimizer_steps_per_rollout} of its micro-batches"),
             ("steps", steps_plan(run, per_epoch)),
@@ -423,6 +467,13 @@ class _RatioMonitor:
         if self.first_dev is None:
             return {}
         return {"ratio_min": self.low, "ratio_max": self.high, "ratio_first_dev": self.first_dev}
+
+
+def _old_means(trajectories: list[Trajectory], rows: torch.Tensor) -> torch.Tensor | None:
+    """[n, T, ...] the rollout's step means of the kept samples `rows` (GRPO-Guard), None if not stored."""
+    if trajectories[0].means is None:
+        return None
+    return torch.cat([t.means for t in trajectories])[rows]
 
 
 def _signal_mask(groups: list[PromptGroup], keep: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -20,12 +20,14 @@ class Trajectory:
     log_probs: [K, T] float32 log p(x_{i+1} | x_i) at rollout (the "old" log-probs).
     steps: the T grid indices i (consecutive) of the steps s_i -> s_{i+1}.
     initial: [K, ...] each sample's initial noise x at s_0 = 1 (DDRL's data term draws with it).
+    means: [K, T, ...] float32 step means of the rollout policy (GRPO-Guard's old means), None unless asked for.
     """
 
     states: torch.Tensor
     log_probs: torch.Tensor
     steps: list[int]
     initial: torch.Tensor
+    means: torch.Tensor | None = None
 
 
 def sde_window(
@@ -69,16 +71,18 @@ def sample_trajectories(
     window: tuple[int, int] | None,
     same_noise: bool,
     batch_size: int,
+    keep_means: bool = False,
 ) -> tuple[torch.Tensor, Trajectory]:
     """SDE rollout of one prompt group with the active policy: final latents [K, ...] and the stored steps.
 
     `sampling.generate_latents` in chunks of `batch_size` seeds, keeping the trajectory's stochastic steps on CPU;
-    with `same_noise` every sample starts from the first seed's noise (one initial noise per group).
+    with `same_noise` every sample starts from the first seed's noise (one initial noise per group); with
+    `keep_means` also the stochastic steps' means (GRPO-Guard's old means).
     """
     shape = adapter.latent_shape(spec.height, spec.width)
     a, b = window if window is not None else (0, spec.num_steps)
     shared = initial_noise(shape, seeds[:1], device=adapter.device)[0] if same_noise else None
-    finals, states, log_probs, initial = [], [], [], []
+    finals, states, log_probs, initial, means = [], [], [], [], []
     for first in range(0, len(seeds), batch_size):
         out = generate_latents(
             adapter,
@@ -89,10 +93,19 @@ def sample_trajectories(
             return_trajectory=True,
             window=window,
             start=shared,
+            return_means=keep_means,
         )
         finals.append(out.latents)
         initial.append(out.trajectory[0].cpu())
         states.append(torch.stack(out.trajectory[a : b + 1], dim=1).cpu())
         log_probs.append(out.log_probs.cpu())
-    trajectory = Trajectory(torch.cat(states), torch.cat(log_probs), list(range(a, b)), torch.cat(initial))
+        if keep_means:
+            means.append(out.means.cpu())
+    trajectory = Trajectory(
+        torch.cat(states),
+        torch.cat(log_probs),
+        list(range(a, b)),
+        torch.cat(initial),
+        torch.cat(means) if keep_means else None,
+    )
     return torch.cat(finals), trajectory
