@@ -20,6 +20,7 @@ from sanarl.config.method_rules import rules_of
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.ddrl import config as ddrl
+from sanarl.methods.dpo import config as dpo
 from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
@@ -59,6 +60,9 @@ class Method:
     sde_transitions: bool = False
     """Trains on the recorded SDE / CPS transitions (Flow-GRPO's per-step ratio objective): with kl_beta and no
     LoRA it keeps a frozen reference copy of the transformer."""
+    frozen_reference: bool = False
+    """Compares the policy with a frozen reference in every loss (DPO): without LoRA it keeps a frozen copy of the
+    transformer, whatever kl_beta."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
 
@@ -86,6 +90,13 @@ METHODS: tuple[Method, ...] = (
            view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
            plan=ddrl.plan, trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
            bench={"ddrl": "tiny-shapes-ddrl"}),
+    Method(name="dpo", policy_type="sft", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOTask",
+           view=dpo.view, validate=None, warnings=dpo.warnings, rollout_cost=dpo.rollout_cost, plan=dpo.plan,
+           trained_work=dpo.trained_work, frozen_reference=True, bench={"dpo": "tiny-shapes-dpo"}),
+    Method(name="dpo_online", policy_type="grpo", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOOnlineTask",
+           view=dpo.online_view, validate=dpo.validate_online, warnings=dpo.online_warnings,
+           rollout_cost=dpo.online_rollout_cost, plan=dpo.plan, trained_work=dpo.online_trained_work,
+           group_rollouts=True, frozen_reference=True, bench={"dpo-online": "tiny-shapes-dpo-online"}),
 )  # fmt: skip
 
 
