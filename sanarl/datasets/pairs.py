@@ -60,7 +60,8 @@ def check_pair_item(item: Any, plugin: str) -> None:
     )
     if not ok or shapes[0] != shapes[1]:
         got = ", ".join(
-            f"{k} {list(s) if s is not None else type(item[k]).__name__}" for k, s in zip(PAIR_KEYS, shapes)
+            f"{k} {list(s) if s is not None else type(item[k]).__name__}"
+            for k, s in zip(PAIR_KEYS, shapes, strict=True)
         )
         raise DataError(
             f"dataset plugin {plugin} gives pair images of {got}: both must be float tensors [3, H, W] of one "

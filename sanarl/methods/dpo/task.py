@@ -216,7 +216,7 @@ def group_pairs(groups: list[PromptGroup], adv: torch.Tensor, keep: torch.Tensor
     owner = torch.cat([torch.full((len(g.seeds),), i) for i, g in enumerate(groups)])
     kept = keep.nonzero().flatten()
     pairs = best_worst_pairs(owner[kept].tolist(), adv[kept])
-    return [(int(kept[w]), int(kept[l])) for w, l in pairs]
+    return [(int(kept[w]), int(kept[r])) for w, r in pairs]
 
 
 class DPOOnlineTask(PairReference, GroupRLTask):
@@ -253,7 +253,7 @@ class DPOOnlineTask(PairReference, GroupRLTask):
         module.train()
         adv, keep, stats = self._advantages(groups)
         pairs = group_pairs(groups, adv, keep)
-        margin = torch.tensor([float(adv[w] - adv[l]) for w, l in pairs])
+        margin = torch.tensor([float(adv[w] - adv[r]) for w, r in pairs])
         metrics |= stats | reward_metrics(groups)
         metrics |= {
             "dpo_num_pairs": float(len(pairs)),
@@ -269,7 +269,7 @@ class DPOOnlineTask(PairReference, GroupRLTask):
                       rng: torch.Generator) -> list[PairBatch]:  # fmt: skip
         latents = torch.cat([g.latents for g in groups])
         cond = Cond.cat([g.cond.select([0] * len(g.seeds)) for g in groups])
-        chosen, rejected = [w for w, _ in pairs], [l for _, l in pairs]
+        chosen, rejected = [w for w, _ in pairs], [r for _, r in pairs]
         s, eps = draw_pair_levels(
             self.view.diffusers, len(pairs), self.rollouts.spec.shift, latents.shape[1:], rng
         )
