@@ -3,7 +3,8 @@ items"; docs/dpo.md).
 
 A pair item is `{"prompt": str, "chosen": FloatTensor[3, H, W], "rejected": FloatTensor[3, H, W]}` with values in
 [0, 1] and [H, W] = `policy.diffusers.inference_size` (an optional `"metadata": dict` is carried along). `chosen` is
-the image preferred for the prompt, `rejected` the other one. The default `collate` stacks both
+the image preferred for the prompt, `rejected` the other one; with `policy.diffusers.is_video` both are clips
+[3, T, H, W] (T = `policy.diffusers.train_frames`). The default `collate` stacks both
 (`common.STACKED_KEYS`). `check_pair_item` is the one check of that form: the start of a run and `sanarl validate`
 run it on the first training item before any model loads, and the task runs it again when built in code.
 """
@@ -56,7 +57,8 @@ def check_pair_item(item: Any, plugin: str) -> None:
         )
     shapes = [getattr(item[k], "shape", None) for k in PAIR_KEYS]
     ok = all(
-        isinstance(item[k], torch.Tensor) and item[k].ndim == 3 and item[k].shape[0] == 3 for k in PAIR_KEYS
+        isinstance(item[k], torch.Tensor) and item[k].ndim in (3, 4) and item[k].shape[0] == 3
+        for k in PAIR_KEYS
     )
     if not ok or shapes[0] != shapes[1]:
         got = ", ".join(
@@ -64,8 +66,8 @@ def check_pair_item(item: Any, plugin: str) -> None:
             for k, s in zip(PAIR_KEYS, shapes, strict=True)
         )
         raise DataError(
-            f"dataset plugin {plugin} gives pair images of {got}: both must be float tensors [3, H, W] of one "
-            f"shape, as in {form}."
+            f"dataset plugin {plugin} gives pair images of {got}: both must be float tensors [3, H, W] (or clips [3, T, "
+            f"H, W]) of one shape, as in {form}."
         )
     if not isinstance(item.get("prompt"), str):
         raise DataError(

@@ -17,7 +17,9 @@ per line, in either layout:
 Image paths are absolute or relative to the JSONL file's folder. Every line is checked when the dataset is built
 (before any model loads): a line that is not a JSON object, lacks a field of its layout, holds a bad label or names
 an image file that does not exist is a DataError naming `file:line`, the field and the fix. Images are read on
-access with `sanarl.datasets.common.load_image` (resized to cover `policy.diffusers.inference_size`, centre crop).
+access with `sanarl.datasets.common.load_image` (resized to cover `policy.diffusers.inference_size`, centre crop);
+with `policy.diffusers.is_video` the paths are videos, read as `policy.diffusers.train_frames`-frame clips
+[3, T, H, W] (`sanarl.datasets.diffusers_dataset.load_clip`: a window drawn from (train.seed, line), PyAV).
 Items are pair items (sanarl.datasets.pairs): `{"prompt", "chosen", "rejected"}`. `get_val_dataset`: the prompts of
 `validation.dataset.local_dir` in the same layout, when set.
 """
@@ -29,10 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 from sanarl.config.schema import Config
 from sanarl.datasets import common
+from sanarl.datasets.diffusers_dataset import load_clip
 from sanarl.errors import DataError
 
 TRAIN_KEY = "train.train_policy.dataset.local_dir"
@@ -185,22 +189,24 @@ def read_pairs(jsonl: Path) -> tuple[list[Pair], int]:
 
 
 class PreferencePairs(Dataset):
-    """The pairs of one JSONL file, images read on access at `size` = [H, W]."""
+    """The pairs of one JSONL file, images read on access at `size` = [H, W] (clips of `frames` frames when set)."""
 
-    def __init__(self, jsonl: Path, size: tuple[int, int]) -> None:
+    def __init__(self, jsonl: Path, size: tuple[int, int], frames: int | None = None, seed: int = 0) -> None:
         self.pairs, self.skipped_ties = read_pairs(jsonl)
-        self.size = size
+        self.size, self.frames, self.seed = size, frames, seed
 
     def __len__(self) -> int:
         return len(self.pairs)
 
+    def _read(self, path: Path, index: int) -> torch.Tensor:
+        if self.frames is None:
+            return common.load_image(path, self.size)
+        return load_clip(path, self.size, self.frames, self.seed, index)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         pair = self.pairs[index]
-        return {
-            "prompt": pair.prompt,
-            "chosen": common.load_image(pair.chosen, self.size),
-            "rejected": common.load_image(pair.rejected, self.size),
-        }
+        return {"prompt": pair.prompt, "chosen": self._read(pair.chosen, index),
+                "rejected": self._read(pair.rejected, index)}  # fmt: skip
 
 
 class PairPrompts(Dataset):
@@ -218,8 +224,11 @@ class PairPrompts(Dataset):
 
 def get_dataset(config: Config) -> PreferencePairs:
     """The training pairs of `train.train_policy.dataset.local_dir` (DataError as `read_pairs`)."""
-    size = common.check_size(config.policy.diffusers.inference_size)
-    return PreferencePairs(find_jsonl(config.train.train_policy.dataset.local_dir, TRAIN_KEY), size)
+    diff = config.policy.diffusers
+    size = common.check_size(diff.inference_size)
+    frames = diff.train_frames if diff.is_video else None
+    jsonl = find_jsonl(config.train.train_policy.dataset.local_dir, TRAIN_KEY)
+    return PreferencePairs(jsonl, size, frames, config.train.seed)
 
 
 def get_val_dataset(config: Config) -> PairPrompts | None:

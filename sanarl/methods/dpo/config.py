@@ -72,14 +72,14 @@ def validate_online(cfg: Config) -> None:
 
 
 def _check_pair_chunks(cfg: Config) -> None:
-    """The rollout's pair micro-batches cover its `optimizer_steps_per_rollout` updates."""
-    tp, batch = cfg.train.train_policy, cfg.train.train_batch_per_replica
-    chunks = -(-(batch // cfg.rollout.n_generation) // tp.mini_batch)
+    """`mini_batch` counts rollout samples, as in every group-RL method: a micro-batch trains the pairs of
+    mini_batch / K whole groups."""
+    mb, k = cfg.train.train_policy.mini_batch, cfg.rollout.n_generation
     require(
-        tp.optimizer_steps_per_rollout <= chunks,
-        f"train.train_policy.optimizer_steps_per_rollout = {tp.optimizer_steps_per_rollout} exceeds the {chunks} "
-        f"micro-batches of a rollout's pairs (train_batch_per_replica {batch} / n_generation "
-        f"{cfg.rollout.n_generation} pairs / mini_batch {tp.mini_batch} pairs); lower it or mini_batch.",
+        mb % k == 0,
+        f"train.train_policy.mini_batch = {mb} is not a multiple of rollout.n_generation = {k}: online DPO trains "
+        f"one pair per group of {k} samples, so a micro-batch of mini_batch samples holds mini_batch / {k} pairs; "
+        f"set mini_batch to a multiple of {k} (e.g. {k * max(1, mb // k)}).",
     )
 
 

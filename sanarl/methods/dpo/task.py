@@ -18,7 +18,7 @@ encodes both images with the VAE (the SFT data path).
 Online (`DPOOnlineTask`, type "grpo"): K samples per prompt from the current policy (the plain sampler of
 `policy.diffusers.sample`), scored, advantages over every rank's samples (group_rl); each group of at least two
 scored samples gives one pair, its highest advantage as chosen and its lowest as rejected (`best_worst_pairs`), then
-one level and one noise per pair as offline; micro-batches of `mini_batch` pairs.
+one level and one noise per pair as offline; a micro-batch holds the pairs of `mini_batch` samples (mini_batch / K).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class DPOTask(PairReference, ItemTask):
 
 # --- online ---------------------------------------------------------------------------------------------------------
 class PairBatch(TypedDict, total=False):
-    """One online micro-batch: `mini_batch` pairs of one rollout."""
+    """One online micro-batch: the pairs of `mini_batch` samples (mini_batch / K groups) of one rollout."""
 
     x0_w: torch.Tensor
     """[P, ...] the chosen samples' final latents."""
@@ -273,7 +273,10 @@ class DPOOnlineTask(PairReference, GroupRLTask):
         s, eps = draw_pair_levels(
             self.view.diffusers, len(pairs), self.rollouts.spec.shift, latents.shape[1:], rng
         )
-        mb, batches = self.run.mini_batch, []
+        mb, batches = (
+            max(1, self.run.mini_batch // self.view.rollout.n_generation),
+            [],
+        )  # pairs of mini_batch samples
         for start in range(0, len(pairs), mb):
             rows = slice(start, start + mb)
             batches.append(PairBatch(x0_w=latents[chosen][rows], x0_l=latents[rejected][rows],
@@ -309,8 +312,8 @@ class DPOOnlineTask(PairReference, GroupRLTask):
             ("prompts", f"{dataset_size} in the prompt set"),
             ("batch per step", f"{bpr} / {k} (n_generation) / {world} rank(s) = {pairs} prompts x {k} images"
              f" = {per_rank} samples per rank"),
-            ("pairs", f"{pairs} per rank (best and worst advantage of each group) / mini_batch {mb} = "
-             f"{-(-pairs // mb)} micro-batches of {2 * mb} rows; {plan(cfg).rule}"),
+            ("pairs", f"{pairs} per rank (best and worst advantage of each group), {mb // k} per micro-batch "
+             f"(mini_batch {mb} / {k}) = {-(-pairs // (mb // k))} micro-batches of {2 * (mb // k)} rows; {plan(cfg).rule}"),
             ("loss", f"beta_dpo {v.dpo.beta_dpo:g}, reference {reference}"),
             ("rollout", f"{k} per prompt from the current policy, {sample.num_steps} steps, guidance "
              f"{sample.guidance_scale}, solver {sample.solver}"),
