@@ -26,8 +26,8 @@ def test_explicit_options_replace_the_plan_values():
     assert resolve_plan(False, None, None, None, 0.0).curve_minutes == 0.0
     with pytest.raises(UserError, match="--curve-minutes"):
         resolve_plan(False, None, None, None, -1.0)
-    with pytest.raises(ConfigError, match="dpo.*sft-more"):
-        resolve_plan(False, "nft,dpo", None, None)
+    with pytest.raises(ConfigError, match="kto.*sft-more"):
+        resolve_plan(False, "nft,kto", None, None)
     with pytest.raises(UserError, match="--seeds"):
         resolve_plan(False, None, 0, None)
     with pytest.raises(UserError, match="--budget-minutes"):

@@ -312,8 +312,9 @@ class DPOOnlineTask(PairReference, GroupRLTask):
             ("prompts", f"{dataset_size} in the prompt set"),
             ("batch per step", f"{bpr} / {k} (n_generation) / {world} rank(s) = {pairs} prompts x {k} images"
              f" = {per_rank} samples per rank"),
-            ("pairs", f"{pairs} per rank (best and worst advantage of each group), {mb // k} per micro-batch "
-             f"(mini_batch {mb} / {k}) = {-(-pairs // (mb // k))} micro-batches of {2 * (mb // k)} rows; {plan(cfg).rule}"),
+            ("micro-batches", f"{pairs} pairs per rank (each group's best and worst advantage) / {mb // k} per "
+             f"micro-batch (mini_batch {mb} / {k}) = {-(-pairs // (mb // k))} per rank, x {plan(cfg).levels} trained "
+             f"levels ({plan(cfg).rule}), {2 * (mb // k)} rows each"),
             ("loss", f"beta_dpo {v.dpo.beta_dpo:g}, reference {reference}"),
             ("rollout", f"{k} per prompt from the current policy, {sample.num_steps} steps, guidance "
              f"{sample.guidance_scale}, solver {sample.solver}"),
