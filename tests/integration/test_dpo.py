@@ -236,7 +236,8 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, preset, plugin, small):
 def test_online_dpo_runs_as_one_training_in_two_processes(tmp_path):
     run = tmp_path / "run"
     cli = ["--config", ONLINE, SHAPES]
-    for override in (f"train.output_dir={run}", "train.max_num_steps=2", *QUIET, *SMALL_ONLINE):
+    for override in (f"train.output_dir={run}", "train.max_num_steps=2", *QUIET, *SMALL_ONLINE,
+                     "train.train_policy.mini_batch=4"):  # fmt: skip
         cli += ["--set", override]
     done = accelerate_launch_cli(["--multi_gpu", "--num_processes", "2"], cli, tmp_path, OMP_NUM_THREADS="1")
     assert done.stdout.count("sanarl plan") == 1 and "2 rank(s) = 1 prompts x 4 images" in done.stdout
@@ -280,7 +281,7 @@ def _plugin_file(tmp_path: Path) -> Path:
         (OFFLINE, "sanarl.datasets.preference_jsonl", ["train.train_policy.dataset.local_dir=GONE_JSONL"],
          ["gone.jsonl:1", "`jpg_1`", "missing.png", "does not exist"]),
         (OFFLINE, PAIRS, ["train.train_policy.dpo.beta_dpo=0"], ["dpo.beta_dpo", "> 0"]),
-        (ONLINE, SHAPES, ["train.train_policy.mini_batch=12"], ["mini_batch = 12", "multiple of 8"]),
+        (ONLINE, SHAPES, ["train.train_policy.mini_batch=4"], ["mini_batch = 4", "multiple of 8"]),
         (ONLINE, SHAPES, ['rollout.family="sol_rl"', "rollout.num_candidates=16"], ["rollout.family", '"diffusionnft"']),
     ],
 )  # fmt: skip
