@@ -30,7 +30,7 @@ def shapes(
     methods: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated methods [default: nft,grpo; --full: nft,nft-solrl,grpo,soar,sft-more; also: ddrl]."
+            help="Comma-separated methods [default: nft,grpo; --full: nft,nft-solrl,grpo,soar,sft-more; also: ddrl, dpo, dpo-online]."
         ),
     ] = None,
     full: Annotated[

@@ -65,6 +65,8 @@ class Method:
     transformer, whatever kl_beta."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
+    bench_plugin: str = "sanarl.datasets.shapes"
+    """The dataset plugin `sanarl bench shapes` trains those presets with (offline DPO: the shapes world's pairs)."""
 
     def task_class(self) -> type[Task]:
         module, _, cls = self.task.partition(":")
@@ -92,7 +94,8 @@ METHODS: tuple[Method, ...] = (
            bench={"ddrl": "tiny-shapes-ddrl"}),
     Method(name="dpo", policy_type="sft", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOTask",
            view=dpo.view, validate=None, warnings=dpo.warnings, rollout_cost=dpo.rollout_cost, plan=dpo.plan,
-           trained_work=dpo.trained_work, frozen_reference=True, bench={"dpo": "tiny-shapes-dpo"}),
+           trained_work=dpo.trained_work, frozen_reference=True, bench={"dpo": "tiny-shapes-dpo"},
+           bench_plugin="sanarl.datasets.shapes_pairs"),
     Method(name="dpo_online", policy_type="grpo", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOOnlineTask",
            view=dpo.online_view, validate=dpo.validate_online, warnings=dpo.online_warnings,
            rollout_cost=dpo.online_rollout_cost, plan=dpo.plan, trained_work=dpo.online_trained_work,
@@ -121,3 +124,8 @@ def task_class(cfg: Config) -> type[Task]:
 def bench_presets() -> dict[str, str]:
     """Every bench method name -> its shipped preset, in table order."""
     return {name: preset for method in METHODS for name, preset in method.bench.items()}
+
+
+def bench_plugins() -> dict[str, str]:
+    """Every bench method name -> the dataset plugin its preset trains with."""
+    return {name: method.bench_plugin for method in METHODS for name in method.bench}

@@ -74,3 +74,13 @@ def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
     )
     code, _, stderr = run_cli("bench", "shapes", "--plan", "--seeds", "0", "--output", out)
     assert code == 2 and "--seeds" in stderr
+
+
+def test_the_dpo_bench_methods_train_their_presets_on_pairs_and_on_prompts():
+    from sanarl.bench.methods import METHODS, PLUGINS
+
+    plan = resolve_plan(False, "dpo,dpo-online", 1, 5.0)
+    assert plan.methods == ("dpo", "dpo-online")
+    assert (METHODS["dpo"], PLUGINS["dpo"]) == ("tiny-shapes-dpo", "sanarl.datasets.shapes_pairs")
+    assert (METHODS["dpo-online"], PLUGINS["dpo-online"]) == ("tiny-shapes-dpo-online", "sanarl.datasets.shapes")
+    assert PLUGINS["nft"] == "sanarl.datasets.shapes"
