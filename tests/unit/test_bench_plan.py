@@ -82,5 +82,8 @@ def test_the_dpo_bench_methods_train_their_presets_on_pairs_and_on_prompts():
     plan = resolve_plan(False, "dpo,dpo-online", 1, 5.0)
     assert plan.methods == ("dpo", "dpo-online")
     assert (METHODS["dpo"], PLUGINS["dpo"]) == ("tiny-shapes-dpo", "sanarl.datasets.shapes_pairs")
-    assert (METHODS["dpo-online"], PLUGINS["dpo-online"]) == ("tiny-shapes-dpo-online", "sanarl.datasets.shapes")
+    assert (METHODS["dpo-online"], PLUGINS["dpo-online"]) == (
+        "tiny-shapes-dpo-online",
+        "sanarl.datasets.shapes",
+    )
     assert PLUGINS["nft"] == "sanarl.datasets.shapes"

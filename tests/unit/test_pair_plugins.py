@@ -37,7 +37,9 @@ def test_shapes_pairs_chosen_matches_its_prompt_and_rejected_does_not():
         want = torch.from_numpy(world.render(metadata, 32, seed)).permute(2, 0, 1).float() / 255
         assert torch.equal(item["chosen"], want)
         wrong = shapes_pairs.corrupt(metadata, np.random.default_rng([seed, 1]))
-        corrupted |= {k for a, b in zip(metadata["include"], wrong["include"], strict=True) for k in a if a[k] != b[k]}
+        corrupted |= {
+            k for a, b in zip(metadata["include"], wrong["include"], strict=True) for k in a if a[k] != b[k]
+        }
     assert corrupted == {"class", "color", "count"}  # every kind of mistake occurs
     again = shapes_pairs.ShapesPairs("train", 60, seed=7, image_size=32)[5]
     assert torch.equal(again["rejected"], pairs[5]["rejected"])  # a pure function of (seed, split, index)

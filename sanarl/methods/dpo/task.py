@@ -273,10 +273,8 @@ class DPOOnlineTask(PairReference, GroupRLTask):
         s, eps = draw_pair_levels(
             self.view.diffusers, len(pairs), self.rollouts.spec.shift, latents.shape[1:], rng
         )
-        mb, batches = (
-            max(1, self.run.mini_batch // self.view.rollout.n_generation),
-            [],
-        )  # pairs of mini_batch samples
+        mb = max(1, self.run.mini_batch // self.view.rollout.n_generation)  # the pairs of mini_batch samples
+        batches = []
         for start in range(0, len(pairs), mb):
             rows = slice(start, start + mb)
             batches.append(PairBatch(x0_w=latents[chosen][rows], x0_l=latents[rejected][rows],
