@@ -11,7 +11,8 @@ scores every chosen image strict 1 and every rejected one below 1 (tests/unit/te
 
 Config keys read: those of `sanarl.datasets.shapes` (`train.train_policy.dataset.split` and `.size`, `train.seed`,
 `policy.diffusers.inference_size`; video is not supported); `get_val_dataset` is the shapes world's validation
-prompts.
+prompts. With `train.train_policy.type = "grpo"` the items are those of `sanarl.datasets.shapes` (the same prompts,
+without images).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class ShapesPairs(Dataset):
 
 
 def get_dataset(config: Config) -> Dataset:
-    """The training pairs (see the module docstring).
+    """The training pairs (see the module docstring); RL prompts for `type = "grpo"`.
 
     Raises:
         DataError: bad split, item count or image size (naming the key); ConfigError: video.
@@ -105,6 +106,10 @@ def get_dataset(config: Config) -> Dataset:
             "sanarl.datasets.shapes_pairs renders image pairs; `policy.diffusers.is_video` = true asks for clips. "
             "Set it to false, or write a pair plugin of clips (docs/plugins.md)."
         )
+    if (
+        config.train.train_policy.type != "sft"
+    ):  # RL (online DPO among it) reads prompts: those of the same items
+        return shapes.get_dataset(config)
     ds = config.train.train_policy.dataset
     split = world.canonical_split(ds.split, shapes.SPLIT_KEY)
     length = shapes._length(ds.size, split, shapes.COUNT_KEY)

@@ -129,3 +129,12 @@ def test_check_pair_item_names_what_an_item_lacks(item, needles):
     with pytest.raises(DataError) as err:
         check_pair_item(item, "`my_plugin`")
     assert "`my_plugin`" in str(err.value) and all(n in str(err.value) for n in needles), err.value
+
+
+def test_shapes_pairs_gives_the_shapes_prompts_to_rl():
+    cfg = load_config("tiny-shapes-dpo-online").config
+    items = shapes_pairs.get_dataset(cfg)
+    assert (
+        "chosen" not in items[0]
+        and items[0]["prompt"] == shapes_pairs.ShapesPairs("train", 1, 42, 32)[0]["prompt"]
+    )
