@@ -30,7 +30,7 @@ def shapes(
     methods: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated methods [default: nft,grpo; --full: nft,nft-solrl,grpo,soar,sft-more; also: ddrl, grpo-guard]."
+            help="Comma-separated methods [default: nft,grpo; --full: nft,nft-solrl,grpo,soar,sft-more; also: ddrl, grpo-guard, awm, dpo, dpo-online]."
         ),
     ] = None,
     full: Annotated[

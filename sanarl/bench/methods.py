@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
-from sanarl.methods.registry import bench_presets, method_of
+from sanarl.methods.registry import bench_plugins, bench_presets, method_of
 
 METHODS: dict[str, str] = bench_presets()
 """Bench method name -> shipped preset (sanarl/presets/<name>.toml)."""
+PLUGINS: dict[str, str] = bench_plugins()
+"""Bench method name -> the dataset plugin its preset trains with (the shapes world's prompts or pairs)."""
 
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("soar", "sft-more", "SOAR vs SFT-more at equal compute"),

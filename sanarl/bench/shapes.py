@@ -22,7 +22,7 @@ from rich.console import Console
 from sanarl import api
 from sanarl.bench.base_model import export_base, train_base
 from sanarl.bench.curves import curve_overrides, evaluate_intermediate
-from sanarl.bench.methods import METHODS, rollout_cost
+from sanarl.bench.methods import METHODS, PLUGINS, rollout_cost
 from sanarl.bench.plan import EVAL_SEED
 from sanarl.bench.report import PAIRED_KEYS, write_report
 from sanarl.config.presets import resolve_preset_path
@@ -34,7 +34,6 @@ from sanarl.rewards.held_out import build_rewards
 from sanarl.training.sampling import GenerationSpec
 from sanarl.training.tracking import read_metrics
 
-PLUGIN = "sanarl.datasets.shapes"
 BASE_MODEL = "sanarl-tiny:shapes-base"
 
 
@@ -155,7 +154,7 @@ def run_method(
         resolve_preset_path(METHODS[method]), train_overrides(opts, run_dir, seed, base_model)
     )
     started = time.perf_counter()
-    api.train(loaded, PLUGIN)
+    api.train(loaded, PLUGINS[method])
     wall = time.perf_counter() - started
     metrics = [
         r for r in read_metrics(run_dir / "metrics.jsonl") if "time_train" in r

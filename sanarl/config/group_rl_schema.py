@@ -26,7 +26,7 @@ from sanarl.config.choices import (
 from sanarl.config.ranges import Above, AtLeast, Within
 from sanarl.config.reward_schema import RewardKeys
 
-GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl", "awm")
+GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl", "awm", "dpo_online")
 """The methods that roll out prompt groups and learn from their rewards."""
 
 

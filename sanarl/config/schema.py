@@ -27,6 +27,7 @@ from sanarl.config.choices import (
     Weighting,
 )
 from sanarl.config.ddrl_schema import DDRLConfig
+from sanarl.config.dpo_schema import DPOConfig
 from sanarl.config.group_rl_schema import (  # noqa: F401 (RolloutConfig re-exported)
     FlowGRPOPolicy,
     GroupDiffusers,
@@ -212,7 +213,7 @@ class TaskKeys:
     type: TaskType = "sft"
     """The task; grpo is Cosmos-RL's name for all reward-based RL."""
     trainer_type: str = ""
-    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl | awm; for sft "" (plain SFT) | soar (the method
+    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl | awm | dpo; for sft "" (plain SFT) | soar | dpo (the method
     registry's table, sanarl/methods/registry.py)."""
     mini_batch: Annotated[int, AtLeast(1)] = 1
     """Micro-batch size per forward/backward pass."""
@@ -221,12 +222,13 @@ class TaskKeys:
 @dataclass
 class TrainPolicyConfig(FlowGRPOPolicy, NFTPolicy, TaskKeys):
     """`[train.train_policy]`: the task. Cosmos-RL's flat section: the group-RL methods' keys are declared in
-    group_rl_schema.py (`GroupPolicy`, `NFTPolicy`, `FlowGRPOPolicy`), SOAR's and DDRL's in their own sections."""
+    group_rl_schema.py (`GroupPolicy`, `NFTPolicy`, `FlowGRPOPolicy`), SOAR's, DDRL's and DPO's in their own sections."""
 
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     soar: SoarConfig = field(default_factory=SoarConfig)
     ddrl: DDRLConfig = field(default_factory=DDRLConfig)
     awm: AWMConfig = field(default_factory=AWMConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
 
 
 @dataclass

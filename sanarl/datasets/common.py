@@ -24,8 +24,9 @@ from sanarl.errors import ConfigError, DataError, PluginError
 IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".webp"})
 """Image file suffixes the folder plugins pair with prompts (compared lower-cased)."""
 
-STACKED_KEYS: tuple[str, ...] = ("image", "video")
-"""Item keys whose tensors the default `collate` stacks along a new batch dimension."""
+STACKED_KEYS: tuple[str, ...] = ("image", "video", "chosen", "rejected")
+"""Item keys whose tensors the default `collate` stacks along a new batch dimension (`chosen` and `rejected`: the
+images of a pair item, sanarl.datasets.pairs)."""
 
 SIZE_KEY = "policy.diffusers.inference_size"
 

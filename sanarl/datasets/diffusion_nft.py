@@ -52,6 +52,7 @@ from torch.utils.data import Dataset
 
 from sanarl.config.presets import data_dir
 from sanarl.config.schema import Config, DatasetConfig
+from sanarl.datasets.pairs import PAIR_PLUGINS
 from sanarl.errors import ConfigError, DataError
 from sanarl.worlds import geneval_templates
 
@@ -473,6 +474,13 @@ def get_dataset(config: Config) -> PromptSet:
     Raises:
         ConfigError: when `train.train_policy.type` is "sft" (these sets have prompts, not images).
     """
+    if config.train.train_policy.type == "sft" and config.train.train_policy.trainer_type == "dpo":
+        raise ConfigError(
+            'offline DPO (`train.train_policy.type` = "sft", `trainer_type` = "dpo") trains on preference '
+            "pairs, but sanarl.datasets.diffusion_nft gives RL prompt sets (prompts and reward metadata, no images). "
+            f"Use a pair plugin, {PAIR_PLUGINS}, or train online from these prompts with "
+            '`train.train_policy.type = "grpo"` (e.g. sd35m-dpo-online; docs/dpo.md).'
+        )
     if config.train.train_policy.type == "sft":
         raise ConfigError(
             '`train.train_policy.type` = "sft", but sanarl.datasets.diffusion_nft gives RL prompt sets (prompts '

@@ -21,6 +21,7 @@ from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.awm import config as awm
 from sanarl.methods.ddrl import config as ddrl
+from sanarl.methods.dpo import config as dpo
 from sanarl.methods.flow_grpo import config as flow_grpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
@@ -63,8 +64,13 @@ class Method:
     base_copy: bool = False
     """Keeps a frozen copy of the transformer as its KL base in a full fine-tune with kl_beta (AWM; the
     `sde_transitions` methods do too)."""
+    frozen_reference: bool = False
+    """Compares the policy with a frozen reference in every loss (DPO): without LoRA it keeps a frozen copy of the
+    transformer, whatever kl_beta."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
+    bench_plugin: str = "sanarl.datasets.shapes"
+    """The dataset plugin `sanarl bench shapes` trains those presets with (offline DPO: the shapes world's pairs)."""
 
     def task_class(self) -> type[Task]:
         module, _, cls = self.task.partition(":")
@@ -95,6 +101,14 @@ METHODS: tuple[Method, ...] = (
            view=awm.view, validate=awm.validate, warnings=awm.warnings, rollout_cost=awm.rollout_cost,
            plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, base_copy=True,
            bench={"awm": "tiny-shapes-awm"}),
+    Method(name="dpo", policy_type="sft", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOTask",
+           view=dpo.view, validate=None, warnings=dpo.warnings, rollout_cost=dpo.rollout_cost, plan=dpo.plan,
+           trained_work=dpo.trained_work, frozen_reference=True, bench={"dpo": "tiny-shapes-dpo"},
+           bench_plugin="sanarl.datasets.shapes_pairs"),
+    Method(name="dpo_online", policy_type="grpo", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOOnlineTask",
+           view=dpo.online_view, validate=dpo.validate_online, warnings=dpo.online_warnings,
+           rollout_cost=dpo.online_rollout_cost, plan=dpo.plan, trained_work=dpo.online_trained_work,
+           group_rollouts=True, frozen_reference=True, bench={"dpo-online": "tiny-shapes-dpo-online"}),
 )  # fmt: skip
 
 
@@ -119,3 +133,8 @@ def task_class(cfg: Config) -> type[Task]:
 def bench_presets() -> dict[str, str]:
     """Every bench method name -> its shipped preset, in table order."""
     return {name: preset for method in METHODS for name, preset in method.bench.items()}
+
+
+def bench_plugins() -> dict[str, str]:
+    """Every bench method name -> the dataset plugin its preset trains with."""
+    return {name: method.bench_plugin for method in METHODS for name in method.bench}

@@ -3,8 +3,8 @@
 fix: an output directory that cannot be written, a `train.resume` that names no checkpoint or one past the run's
 `train.max_num_steps`, a logger that is not installed, in-process reward weights that
 are not on this machine, an unset REMOTE_REWARD_* variable or a reward service that does not answer or refuses the
-token, accelerate's own gradient accumulation set in the environment, and a plugin whose samples do not have the
-preset's size.
+token, accelerate's own gradient accumulation set in the environment, a plugin whose samples do not have the
+preset's size, and a plugin without pair items for offline DPO.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from sanarl.config.dataset_plugins import plugin_label
 from sanarl.config.schema import Config
+from sanarl.datasets.pairs import check_pair_item, wants_pairs
 from sanarl.errors import DataError, UserError, WeightsError
 from sanarl.rewards.registry import build_reward
 from sanarl.rewards.remote import RemoteRewardFunction
@@ -47,6 +48,7 @@ def preflight(cfg: Config, plugin: Any = None, *, dataset: Any = None, strict: b
     lines += check_reward_weights(cfg, required=strict)
     lines += _machine_check(check_reward_service, cfg, strict)
     if dataset is not None and plugin is not None:
+        check_pair_form(cfg, plugin, dataset)
         check_sample_shape(cfg, plugin, dataset)
     return lines
 
@@ -192,7 +194,7 @@ def check_sample_shape(cfg: Config, plugin: Any, dataset: Any) -> None:
     item = dataset[0]
     if not isinstance(item, dict):
         return
-    for key in ("image", "video"):
+    for key in ("image", "video", "chosen", "rejected"):
         media = item.get(key)
         shape = getattr(media, "shape", None)
         if shape is None or len(shape) < 3:
@@ -205,3 +207,10 @@ def check_sample_shape(cfg: Config, plugin: Any, dataset: Any) -> None:
                 f"them to {want[0]}x{want[1]} in the plugin, or set `--set policy.diffusers.inference_size="
                 f"[{got[0]},{got[1]}]` to train at their size."
             )
+
+
+def check_pair_form(cfg: Config, plugin: Any, dataset: Any) -> None:
+    """Offline DPO's first training item is a pair item (`sanarl.datasets.pairs.check_pair_item`)."""
+    tp = cfg.train.train_policy
+    if wants_pairs(tp.type, tp.trainer_type) and len(dataset) > 0:
+        check_pair_item(dataset[0], plugin_label(plugin))

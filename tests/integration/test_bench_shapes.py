@@ -52,8 +52,8 @@ def test_short_bench_writes_table_plot_grids_and_resumes(run_cli, tmp_path):
 
 
 def test_bench_rejects_unknown_method(run_cli, tmp_path):
-    code, _, stderr = run_cli("bench", "shapes", "--methods", "nft,dpo", "--output", tmp_path)
-    assert code == 2 and "dpo" in stderr and "sft-more" in stderr
+    code, _, stderr = run_cli("bench", "shapes", "--methods", "nft,kto", "--output", tmp_path)
+    assert code == 2 and "kto" in stderr and "sft-more" in stderr
 
 
 def test_curve_points_evaluate_each_timed_checkpoint(run_cli, tmp_path):

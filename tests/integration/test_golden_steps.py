@@ -68,6 +68,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     "tiny-shapes-grpo-guard": RL_BATCH,
     "tiny-shapes-soar": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
     "tiny-video-sft": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
+    "tiny-shapes-dpo": ("train.train_batch_per_replica=8", "train.train_policy.mini_batch=4"),
+    "tiny-shapes-dpo-online": RL_BATCH,
 }
 """Preset -> its --set values (besides SHORT and the output folder)."""
 REWARDED = {
@@ -79,6 +81,9 @@ REWARDED = {
 }
 REWARDED |= {"tiny-shapes-grpo-guard"}
 """The methods that score rollouts with a reward (SFT and SOAR train on data alone)."""
+REWARDED |= {"tiny-shapes-dpo-online"}
+PLUGINS = {"tiny-shapes-dpo": "sanarl.datasets.shapes_pairs"}
+"""Presets whose golden run reads another plugin than PLUGIN (offline DPO trains on preference pairs)."""
 KEYS = ("loss", "grad_norm", "reward/mean")
 """Pinned per step where the method logs them, with every loss term it logs (`*_loss`: policy, KL, data;
 `loss_*`: SOAR's main and auxiliary terms)."""
@@ -87,7 +92,8 @@ KEYS = ("loss", "grad_norm", "reward/mean")
 def command(preset: str) -> list[str]:
     """The CLI arguments of a golden run, with OUT for its output folder."""
     sets = [f"train.output_dir={OUT}", *SHORT, *RUNS[preset]]
-    return ["-m", "sanarl", "--config", preset, PLUGIN, *(arg for s in sets for arg in ("--set", s))]
+    plugin = PLUGINS.get(preset, PLUGIN)
+    return ["-m", "sanarl", "--config", preset, plugin, *(arg for s in sets for arg in ("--set", s))]
 
 
 def pinned(record: dict) -> dict[str, float]:

@@ -26,8 +26,8 @@ def test_explicit_options_replace_the_plan_values():
     assert resolve_plan(False, None, None, None, 0.0).curve_minutes == 0.0
     with pytest.raises(UserError, match="--curve-minutes"):
         resolve_plan(False, None, None, None, -1.0)
-    with pytest.raises(ConfigError, match="dpo.*sft-more"):
-        resolve_plan(False, "nft,dpo", None, None)
+    with pytest.raises(ConfigError, match="kto.*sft-more"):
+        resolve_plan(False, "nft,kto", None, None)
     with pytest.raises(UserError, match="--seeds"):
         resolve_plan(False, None, 0, None)
     with pytest.raises(UserError, match="--budget-minutes"):
@@ -87,3 +87,16 @@ def test_plan_flag_prints_the_runs_and_runs_nothing(run_cli, tmp_path):
     )
     code, _, stderr = run_cli("bench", "shapes", "--plan", "--seeds", "0", "--output", out)
     assert code == 2 and "--seeds" in stderr
+
+
+def test_the_dpo_bench_methods_train_their_presets_on_pairs_and_on_prompts():
+    from sanarl.bench.methods import METHODS, PLUGINS
+
+    plan = resolve_plan(False, "dpo,dpo-online", 1, 5.0)
+    assert plan.methods == ("dpo", "dpo-online")
+    assert (METHODS["dpo"], PLUGINS["dpo"]) == ("tiny-shapes-dpo", "sanarl.datasets.shapes_pairs")
+    assert (METHODS["dpo-online"], PLUGINS["dpo-online"]) == (
+        "tiny-shapes-dpo-online",
+        "sanarl.datasets.shapes",
+    )
+    assert PLUGINS["nft"] == "sanarl.datasets.shapes"

@@ -254,3 +254,46 @@ def test_integer_timesteps_follow_diffusionnft_on_sd35_and_flow_grpo_refuses_the
     assert GenerationSpec.from_sample_config(sample, ADAPTER, [512, 512], evaluation=True).integer_timesteps
     with pytest.raises(ConfigError, match="integer_timesteps = true"):
         load_config(PRESETS / "tiny-shapes-grpo.toml", ["policy.diffusers.sample.integer_timesteps=true"])
+
+
+@pytest.mark.parametrize(
+    "preset", ["sd35m-dpo", "sana-image-dpo", "sana-video-dpo", "sd35l-dpo", "flux1-dpo"]
+)
+def test_offline_dpo_presets_carry_diffusiondpos_launcher_values(preset):
+    """DiffusionDPO's launchers/sdxl.sh and train.py defaults: beta_dpo 5000, 1 pair x 128 accumulation x 16 GPUs,
+    lr 1e-8 scaled by that batch, 200 warm-up steps then constant, 2000 steps, AdamW (0.9, 0.999) with weight decay
+    1e-2 and eps 1e-8, uniform timesteps, 20% empty captions."""
+    cfg = load_config(PRESETS / f"{preset}.toml")
+    tp, t, diff = cfg.train.train_policy, cfg.train, cfg.policy.diffusers
+    assert (tp.type, tp.trainer_type, tp.dpo.beta_dpo, tp.mini_batch) == ("sft", "dpo", 5000.0, 1)
+    assert (t.train_batch_per_replica, t.optm_lr, t.optm_warmup_steps, t.max_num_steps) == (
+        2048,
+        2.048e-5,
+        200,
+        2000,
+    )
+    assert (tuple(t.optm_betas), t.optm_weight_decay, t.epsilon, t.optm_grad_norm_clip) == (
+        (0.9, 0.999),
+        1e-2,
+        1e-8,
+        1.0,
+    )
+    assert (diff.weighting_scheme, diff.caption_dropout) == ("uniform", 0.2)
+
+
+def test_the_online_dpo_preset_carries_flow_factorys_sd35_example():
+    """Flow-Factory examples/dpo/lora/sd3_5/default.yaml: LoRA r 32 / alpha 64, beta 100, logit-normal (0, 1) levels,
+    groups of 4, 48 prompts per epoch, 40 steps at guidance 1, lr 1e-5, weight decay 1e-4, EMA 0.99 every 4 steps."""
+    cfg = load_config(PRESETS / "sd35m-dpo-online.toml")
+    tp, t, diff, lora = cfg.train.train_policy, cfg.train, cfg.policy.diffusers, cfg.policy.lora
+    assert (tp.type, tp.trainer_type, tp.dpo.beta_dpo, tp.global_std) == ("grpo", "dpo", 100.0, False)
+    assert (lora.r, lora.lora_alpha, diff.weighting_scheme, diff.logit_mean, diff.logit_std) == (
+        32,
+        64,
+        "logit_normal",
+        0.0,
+        1.0,
+    )
+    assert (cfg.rollout.n_generation, t.train_batch_per_replica // cfg.rollout.n_generation) == (4, 48)
+    assert (diff.sample.num_steps, diff.sample.guidance_scale, diff.sample.solver) == (40, 1.0, "euler")
+    assert (t.optm_lr, t.optm_weight_decay, t.ema_decay, t.ema_update_step_interval) == (1e-5, 1e-4, 0.99, 4)

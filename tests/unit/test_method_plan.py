@@ -32,8 +32,9 @@ def _expected_levels(cfg) -> int:
         cfg.policy.diffusers.timesteps_fraction,
     )
     kind = tp.trainer_type
-    if kind in ("", "soar"):
-        return 1  # one noise level (SOAR: one trained forward over the main level and its auxiliary targets)
+    if kind in ("", "soar", "dpo"):
+        return 1  # one noise level (SOAR: one trained forward over the main level and its auxiliary targets; DPO:
+        # one per pair, as DiffusionDPO and Flow-Factory's num_train_timesteps = 1)
     if kind == "diffusion_nft":
         return max(1, int(sample.num_steps * fraction))
     if kind == "awm":
@@ -56,6 +57,12 @@ def _run_levels(cfg) -> int:
     task.view, task.plan = cls.method_view(cfg), cls.method_plan(cfg)  # as GroupRLTask.__init__ sets them
     sample, tp = cfg.policy.diffusers.sample, cfg.train.train_policy
     grid, rng = sigma_grid(sample.num_steps, 3.0), torch.Generator().manual_seed(0)
+    if tp.trainer_type == "dpo":  # online DPO: the micro-batches of one group's pair, a level per pair row
+        task.rollouts = SimpleNamespace(spec=SimpleNamespace(shift=3.0))
+        task.run = SimpleNamespace(mini_batch=cfg.rollout.n_generation)
+        group = PromptGroup("p", {}, Cond(torch.zeros(1, 1, 1)), [0, 1], torch.zeros(2, 1, 2, 2), None, None)
+        batches = task._pair_batches([group], [(0, 1)], torch.zeros(1), rng)
+        return sum(len(b["s"]) for b in batches)
     if not method.sde_transitions:
         task.rollouts = SimpleNamespace(
             spec=SimpleNamespace(num_steps=sample.num_steps, sigmas=lambda _: grid)

@@ -271,7 +271,7 @@ def resident_terms(
 
 
 def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
-    """Sol-RL's inference copies and Flow-GRPO's frozen reference copy."""
+    """Sol-RL's inference copies and the frozen reference copy of Flow-GRPO (with kl_beta) and DPO."""
     ro, method = cfg.rollout, method_of(cfg)
     whole = params["transformer"] * BYTES[transformer_dtype(cfg.policy)]
     quant = ro.preview_precision if ro.preview_precision != "bf16" else None
@@ -287,6 +287,8 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
     kl = cfg.train.train_policy.kl_beta > 0
     if (method.sde_transitions or method.base_copy) and kl and cfg.policy.lora is None:
         terms.append(Term("reference copy (kl_beta, full fine-tune)", whole, "train.train_policy.kl_beta"))
+    if method.frozen_reference and cfg.policy.lora is None:
+        terms.append(Term("reference copy (full fine-tune)", whole, "policy.lora"))
     return terms
 
 
