@@ -44,6 +44,8 @@ DataSource = Literal["dataset", "synthetic"]
 """DDRL: where the data of its flow-matching term come from."""
 DataWeighting = Literal["edm", "uniform"]
 """DDRL: the per-level weight of its data term (edm: Cosmos-RL's, s^2 + (1 - s)^2 on the velocity; uniform: 1)."""
+MixTailSolver = Literal["euler", "dpm2"]
+"""MixGRPO: the ODE solver after the SDE window (euler; dpm2 = DPM-Solver++(2M), MixGRPO-Flash)."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]

@@ -24,7 +24,7 @@ from sanarl.config.choices import (
 from sanarl.config.ranges import Above, AtLeast, Within
 from sanarl.config.reward_schema import RewardKeys
 
-GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl")
+GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl", "mixgrpo")
 """The methods that roll out prompt groups and learn from their rewards."""
 
 
@@ -68,7 +68,7 @@ class FlowGRPOPolicy(GroupPolicy):
     """The group-RL keys plus Flow-GRPO's (DDRL's policy term reads them too): the PPO clip range and the
     on-policy self-check, the SDE window (Flow-GRPO-Fast), the group noise, CPS's last step, CFG in training."""
 
-    METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl")
+    METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl", "mixgrpo")
 
     clip_range: Annotated[float, Above(0, "Flow-GRPO uses 1e-4")] = 1e-4
     """PPO clip range on the importance ratio (mean log-prob scale)."""

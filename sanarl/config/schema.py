@@ -26,6 +26,7 @@ from sanarl.config.choices import (
     Weighting,
 )
 from sanarl.config.ddrl_schema import DDRLConfig
+from sanarl.config.mixgrpo_schema import MixGRPOConfig
 from sanarl.config.group_rl_schema import (  # noqa: F401 (RolloutConfig re-exported)
     FlowGRPOPolicy,
     GroupDiffusers,
@@ -211,7 +212,7 @@ class TaskKeys:
     type: TaskType = "sft"
     """The task; grpo is Cosmos-RL's name for all reward-based RL."""
     trainer_type: str = ""
-    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl; for sft "" (plain SFT) | soar (the method
+    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl | mixgrpo; for sft "" (plain SFT) | soar (the method
     registry's table, sanarl/methods/registry.py)."""
     mini_batch: Annotated[int, AtLeast(1)] = 1
     """Micro-batch size per forward/backward pass."""
@@ -225,6 +226,7 @@ class TrainPolicyConfig(FlowGRPOPolicy, NFTPolicy, TaskKeys):
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     soar: SoarConfig = field(default_factory=SoarConfig)
     ddrl: DDRLConfig = field(default_factory=DDRLConfig)
+    mixgrpo: MixGRPOConfig = field(default_factory=MixGRPOConfig)
 
 
 @dataclass

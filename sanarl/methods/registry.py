@@ -21,6 +21,7 @@ from sanarl.config.schema import Config
 from sanarl.errors import ConfigError
 from sanarl.methods.ddrl import config as ddrl
 from sanarl.methods.flow_grpo import config as flow_grpo
+from sanarl.methods.mixgrpo import config as mixgrpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
 from sanarl.methods.soar import config as soar
@@ -86,6 +87,10 @@ METHODS: tuple[Method, ...] = (
            view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
            plan=ddrl.plan, trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
            bench={"ddrl": "tiny-shapes-ddrl"}),
+    Method(name="mixgrpo", policy_type="grpo", trainer_type="mixgrpo", task="sanarl.methods.mixgrpo.task:MixGRPOTask",
+           view=mixgrpo.view, validate=mixgrpo.validate, warnings=mixgrpo.warnings,
+           rollout_cost=mixgrpo.rollout_cost, plan=mixgrpo.plan, trained_work=mixgrpo.trained_work,
+           group_rollouts=True, sde_transitions=True, bench={"mixgrpo": "tiny-shapes-mixgrpo"}),
 )  # fmt: skip
 
 

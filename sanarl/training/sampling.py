@@ -4,6 +4,7 @@ Latents have any rank (`[B, C, h, w]` images, `[B, C, T', h, w]` video); `adapte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,9 @@ from sanarl.config.schema import SampleConfig
 from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
 
+SamplingLoop = Callable[..., SampleOutput]
+"""A rollout's integration loop, called as `sample_loop` (velocity_fn, x_init, sigmas, solver=, eta=, generators=,
+return_trajectory=, window=): `sample_loop` itself, or a method's own (MixGRPO's mixed rollout)."""
 
 def grid_shift(adapter: DiffusionAdapter, flow_shift: float | None, height: int, width: int) -> float:
     """The grid shift for media of height x width: `sample.flow_shift` when set, else the model's own for that size
@@ -77,13 +81,14 @@ def generate_latents(
     window: tuple[int, int] | None = None,
     module: torch.nn.Module | None = None,
     start: torch.Tensor | None = None,
+    loop: SamplingLoop = sample_loop,
 ) -> SampleOutput:
     """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1;
     `module` samples with another copy of the transformer (default: the trained one, its active adapter).
 
     `return_trajectory` keeps every state (`SampleOutput.trajectory`); `start` [1, ...] is a start noise every
     sample shares (Flow-GRPO's `same_noise_per_group`) in place of the seeds' own, whose generators still draw the
-    stochastic steps' noise."""
+    stochastic steps' noise; `loop` integrates (default `sample_loop`)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     if start is not None:
@@ -98,7 +103,7 @@ def generate_latents(
     with adapter.truncated_timesteps(
         spec.integer_timesteps
     ):  # the model's timestep only; steps keep the float s
-        return sample_loop(
+        return loop(
             velocity,
             x,
             sigmas,
