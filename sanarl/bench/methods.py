@@ -18,6 +18,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("soar", "sft-more", "SOAR vs SFT-more at equal compute"),
     ("nft", "grpo", "DiffusionNFT vs Flow-GRPO at equal wall time"),
     ("ddrl", "grpo", "DDRL vs Flow-GRPO-Fast at equal wall time"),
+    ("mixgrpo", "grpo", "MixGRPO vs Flow-GRPO-Fast at equal wall time"),
 )
 """(numerator, denominator, what) pairs of held-out strict accuracy reported as ratios when both ran."""
 

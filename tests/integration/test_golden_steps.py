@@ -64,11 +64,13 @@ RUNS: dict[str, tuple[str, ...]] = {
     "tiny-shapes-nft-solrl": (*RL_BATCH, "rollout.num_candidates=8"),
     "tiny-shapes-grpo": RL_BATCH,
     "tiny-shapes-ddrl": RL_BATCH,
+    "tiny-shapes-mixgrpo": RL_BATCH,
     "tiny-shapes-soar": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
     "tiny-video-sft": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
 }
 """Preset -> its --set values (besides SHORT and the output folder)."""
 REWARDED = {"tiny-shapes-nft", "tiny-shapes-nft-solrl", "tiny-shapes-grpo", "tiny-shapes-ddrl"}
+REWARDED |= {"tiny-shapes-mixgrpo"}
 """The methods that score rollouts with a reward (SFT and SOAR train on data alone)."""
 KEYS = ("loss", "grad_norm", "reward/mean")
 """Pinned per step where the method logs them, with every loss term it logs (`*_loss`: policy, KL, data;
