@@ -90,9 +90,10 @@ class FlowGRPOPolicy(GroupPolicy):
 
 @dataclass
 class GroupDiffusers:
-    """The `[policy.diffusers]` key the group-RL methods read: how many rollout levels they train."""
+    """The `[policy.diffusers]` key the group-RL methods read: how many rollout levels they train (MixGRPO trains
+    its window instead)."""
 
-    METHODS: ClassVar[tuple[str, ...]] = GROUP_RL
+    METHODS: ClassVar[tuple[str, ...]] = ("diffusion_nft", "flow_grpo", "ddrl")
 
     timesteps_fraction: Annotated[float, Within(0, 1, low_open=True)] = 0.99
     """Fraction of the rollout grid levels trained per sample. Cosmos-RL's `timestep_fraction` is an alias."""

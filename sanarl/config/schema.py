@@ -26,7 +26,6 @@ from sanarl.config.choices import (
     Weighting,
 )
 from sanarl.config.ddrl_schema import DDRLConfig
-from sanarl.config.mixgrpo_schema import MixGRPOConfig
 from sanarl.config.group_rl_schema import (  # noqa: F401 (RolloutConfig re-exported)
     FlowGRPOPolicy,
     GroupDiffusers,
@@ -41,6 +40,7 @@ from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
     GuardConfig,
     GuardMetricConfig,
 )
+from sanarl.config.mixgrpo_schema import MixGRPOConfig
 from sanarl.config.ranges import Above, AtLeast, Holds, Items, NotBlank, Only, Within
 from sanarl.config.reward_schema import RemoteRewardConfig, RewardFnConfig  # noqa: F401 (re-exported)
 from sanarl.config.soar_schema import SoarConfig

@@ -17,6 +17,7 @@ SamplingLoop = Callable[..., SampleOutput]
 """A rollout's integration loop, called as `sample_loop` (velocity_fn, x_init, sigmas, solver=, eta=, generators=,
 return_trajectory=, window=): `sample_loop` itself, or a method's own (MixGRPO's mixed rollout)."""
 
+
 def grid_shift(adapter: DiffusionAdapter, flow_shift: float | None, height: int, width: int) -> float:
     """The grid shift for media of height x width: `sample.flow_shift` when set, else the model's own for that size
     (`adapter.shift_for`)."""

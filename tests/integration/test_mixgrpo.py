@@ -98,7 +98,9 @@ def test_the_trained_steps_are_the_window_over_a_whole_schedule_with_the_dpm_tai
     task, sigmas = flash_task, flash_task.sigmas
     chunks = 8 // 4
     # the schedule has period 5; rollout 7 stands for 2 (whose 8 rewards happen to be equal: nothing to train)
-    for step, (a, b) in zip([0, 1, 7, 3, 4, 5], [(0, 3), (2, 5), (4, 7), (6, 8), (8, 8), (0, 3)], strict=True):
+    for step, (a, b) in zip(
+        [0, 1, 7, 3, 4, 5], [(0, 3), (2, 5), (4, 7), (6, 8), (8, 8), (0, 3)], strict=True
+    ):
         batches = task.micro_batches(step, step_generator(42, step, 0))
         assert task.last_metrics["sde_window_start"] == a and task.last_metrics["window_steps"] == b - a
         assert task.last_metrics["dropped_groups"] == 0
@@ -138,14 +140,18 @@ def test_the_trained_loss_and_its_gradient_equal_the_ppo_clip_formula(flash_task
             g = torch.Generator().manual_seed(3)
             for p in params:
                 p.add_(1e-2 * torch.randn(p.shape, generator=g))
-        v = task.adapter.velocity(batch["x"], batch["s"], batch["cond"])  # CFG-free: the policy is one forward
+        v = task.adapter.velocity(
+            batch["x"], batch["s"], batch["cond"]
+        )  # CFG-free: the policy is one forward
         logp = _flow_sde_log_prob(
             batch["x"], v, batch["x_next"], batch["s"], batch["s_next"], 0.7, float(task.sigmas[1])
         )
         ratio = torch.exp(logp - batch["old_log_prob"])
         adv = batch["adv"]
         dev = sorted((ratio.detach() - 1).abs().tolist())
-        eps = (dev[1] + dev[2]) / 2  # a clip range between the rows' deviations: both branches of the clip act
+        eps = (
+            dev[1] + dev[2]
+        ) / 2  # a clip range between the rows' deviations: both branches of the clip act
         task.view.train_policy.clip_range = eps
         loss, metrics = task.objective(batch, torch.Generator())
         got = torch.autograd.grad(loss, params)
@@ -210,12 +216,16 @@ def test_two_processes_run_one_training_with_the_same_window(tmp_path):
 def test_the_plan_prints_the_sliding_window_and_trains_its_steps():
     cfg = load_config(resolve_preset_path("flux1-mixgrpo-flash")).config
     rows = {k: " ".join(v.split()) for k, v in MixGRPOTask.describe(cfg, 1000, 8)}
-    assert "window of 4 of the 25 steps (its start moves by 1 every 20 rollouts, back to 0 past step 23)" in (
-        rows["rollout"]
+    assert (
+        "window of 4 of the 25 steps (its start moves by 1 every 20 rollouts, back to 0 past step 23)"
+        in (rows["rollout"])
     )
     assert "DPM-Solver++(2M) after it on int((N + 1 - b) x 0.4) levels" in rows["rollout"]
     assert rows["trained steps"].startswith("4 per sample")
-    assert rows["micro-batches"] == "48 / mini_batch 4 = 12 per rank, x 4 trained steps = 48 backward passes (at most)"
+    assert (
+        rows["micro-batches"]
+        == "48 / mini_batch 4 = 12 per rank, x 4 trained steps = 48 backward passes (at most)"
+    )
 
 
 @pytest.mark.parametrize(
