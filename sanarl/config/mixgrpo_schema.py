@@ -28,6 +28,9 @@ class MixGRPOConfig:
     """Past the last start (num_steps - 2) the window goes back to step 0 (false: it stays there, empty)."""
     tail_solver: MixTailSolver = "euler"
     """The ODE solver after the window: euler (MixGRPO) or dpm2, DPM-Solver++(2M) (MixGRPO-Flash)."""
+    advantage_aggr: bool = True
+    """MixGRPO's advantages: each reward normalised in its prompt group, (R - mean) / (torch.std + 1e-8), then summed
+    with the rewards' weights; false: Flow-GRPO's normaliser of the combined reward (global_std, unbiased_std)."""
     compress_ratio: Annotated[float, Within(0, 1, low_open=True, hint="MixGRPO-Flash uses 0.4")] = 1.0
     """The dpm2 tail's step ratio r: after the window's end b it runs on int((N + 1 - b) r) levels (1 = the grid's
     own steps; needs sigma_grid = "linspace" below 1)."""

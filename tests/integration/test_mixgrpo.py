@@ -131,7 +131,15 @@ def _flow_sde_log_prob(x, v, x_next, s, s_next, eta, s_first_next):
 
 def test_the_trained_loss_and_its_gradient_equal_the_ppo_clip_formula(flash_task):
     task = flash_task
-    batch = task.micro_batches(6, step_generator(42, 6, 0))[-1]  # the window (2, 5), its last step
+    batches = task.micro_batches(6, step_generator(42, 6, 0))
+    batch = batches[-1]  # the window (2, 5), its last step
+    # MixGRPO's advantages: per group (R - mean) / (torch.std + 1e-8), one reward of weight 1, clipped to 5
+    r = task.last_groups[0].reward.per_key["shapes"].double()
+    want_adv = ((r - r.mean()) / (r.std() + 1e-8)).clamp(-5, 5).float()
+    got_adv = torch.cat(
+        [b["adv"] for b in batches if b["chunk"] >= 0 and float(b["s"][0]) == float(batch["s"][0])]
+    )
+    torch.testing.assert_close(got_adv, want_adv, rtol=1e-5, atol=1e-6)
     module = task.adapter.trainable_module()
     params = list(adapter_parameters(module, "default").values())
     saved = [p.detach().clone() for p in params]
@@ -243,3 +251,12 @@ def test_the_plan_prints_the_sliding_window_and_trains_its_steps():
 )  # fmt: skip
 def test_bad_input_is_named(refused, overrides, needles):
     refused(PRESET, SHAPES, overrides, needles)
+
+
+def test_a_window_that_stops_at_the_end_is_noted(run_cli):
+    code, out, err = run_cli(
+        "validate", "--config", str(PRESET), SHAPES, "--set", "train.train_policy.mixgrpo.roll_back=false"
+    )
+    text = " ".join((out + err).split())
+    assert code == 0, err
+    assert "from rollout 40 on the window starts at num_steps - 2 = 8 and is empty" in text, text

@@ -8,8 +8,11 @@ a resumed run finds the window again from its step alone):
   2. rollout (`mixgrpo_sample_loop`): Euler on the steps before a, Flow-GRPO's SDE step (eta = noise_level) on
      a .. b - 1, storing their states and log-probs, then Euler on the grid (MixGRPO) or DPM-Solver++(2M) on a tail
      of int((N + 1 - b) r) levels (`tail_solver = "dpm2"`, `compress_ratio` r: MixGRPO-Flash); scored;
-  3. advantages, batches and objective: Flow-GRPO's (per-prompt advantages, clipped; the PPO clip on every window
-     step's re-evaluated log-prob, the step's loss the mean over its (sample, step) rows).
+  3. advantages (`advantage_aggr`, MixGRPO's): each reward normalised in its prompt group by its mean and sample std
+     + 1e-8, summed with the rewards' weights, clipped to [advantage_low, advantage_high]; groups whose rewards are
+     all equal dropped (else Flow-GRPO's normaliser of the combined reward);
+  4. batches and objective: Flow-GRPO's (the PPO clip on every window step's re-evaluated log-prob, the step's loss
+     the mean over its (sample, step) rows).
 A window at a = num_steps - 2 is empty: that rollout is an ODE rollout and trains nothing.
 """
 
@@ -20,7 +23,7 @@ from functools import partial
 import torch
 
 from sanarl.config.schema import Config
-from sanarl.core.mixgrpo import mixgrpo_grid, mixgrpo_sample_loop, mixgrpo_window
+from sanarl.core.mixgrpo import aggregate_advantages, mixgrpo_grid, mixgrpo_sample_loop, mixgrpo_window
 from sanarl.core.samplers import SampleOutput
 from sanarl.methods.flow_grpo.task import FlowGRPOTask
 from sanarl.methods.flow_grpo.trajectory import Trajectory
@@ -101,6 +104,25 @@ class MixGRPOTask(FlowGRPOTask):
         metrics["window_steps"] = float(len(trajectories[0].steps))
         return groups, trajectories, metrics
 
+    def _advantages(self, groups: list[PromptGroup]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """MixGRPO's `advantage_aggr` over each prompt group's kept samples (a group is whole on its rank); with
+        `advantage_aggr = false`, Flow-GRPO's."""
+        if not self.view.mixgrpo.advantage_aggr:
+            return super()._advantages(groups)
+        weights = {f.name: f.weight for f in self.view.train_policy.remote_reward.reward_fns}
+        adv, keep, flat = [], [], 0
+        for g in groups:
+            kept = ~g.reward.nan_mask
+            count = int(kept.sum())
+            a = torch.zeros(len(kept), dtype=torch.float32)
+            if count >= 2:
+                rewards = {name: g.reward.per_key[name][kept].float() for name in weights}
+                a[kept] = aggregate_advantages(rewards, weights, count)
+                flat += int(bool((g.reward.total[kept] == g.reward.total[kept][0]).all()))
+            adv.append(a)
+            keep.append(kept)
+        return torch.cat(adv), torch.cat(keep), {"zero_std_ratio": flat / max(1, len(groups))}
+
     @classmethod
     def describe(cls, cfg: Config, dataset_size: int, world: int) -> list[tuple[str, str]]:
         """Flow-GRPO's plan with MixGRPO's rollout and trained steps."""
@@ -126,6 +148,8 @@ class MixGRPOTask(FlowGRPOTask):
                     f"({moves}), {tail}; guidance {sample.guidance_scale}, current policy"
                     + (", one initial noise per group" if cfg.train.train_policy.same_noise_per_group else "")
                 )
+            if label == "loss" and m.advantage_aggr:
+                value += "; advantages: each reward per group (sample std + 1e-8), summed with its weight"
             if label == "trained steps":
                 value = (
                     f"{m.window_size} per sample (every window step; fewer where it meets step {n - 2}); groups "
