@@ -18,6 +18,7 @@ A window at a = num_steps - 2 is empty: that rollout is an ODE rollout and train
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -48,7 +49,7 @@ def rollout_grid(
 
 
 def mixed_loop(
-    velocity_fn,
+    velocity_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     x_init: torch.Tensor,
     sigmas: torch.Tensor,
     *,
@@ -57,7 +58,7 @@ def mixed_loop(
     compress_ratio: float | None,
     eta: float,
     window: tuple[int, int],
-    generators=None,
+    generators: Sequence[torch.Generator] | None = None,
     return_trajectory: bool = False,
     **_: object,
 ) -> SampleOutput:
