@@ -8,6 +8,11 @@ import socket
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist hands its workers the controller's COLUMNS; rich would freeze sanarl.ui's consoles at that width
+    # when the test modules import it, and tests that set COLUMNS themselves (wide plan tables) would not be obeyed.
+    os.environ.pop("COLUMNS", None)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):

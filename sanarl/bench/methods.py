@@ -22,6 +22,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ddrl", "grpo", "DDRL vs Flow-GRPO-Fast at equal wall time"),
     ("awm", "nft", "AWM vs DiffusionNFT at equal wall time"),
     ("grpo-guard", "grpo", "GRPO-Guard vs Flow-GRPO-Fast at equal wall time"),
+    ("mixgrpo", "grpo", "MixGRPO vs Flow-GRPO-Fast at equal wall time"),
 )
 """(numerator, denominator, what) pairs of held-out strict accuracy reported as ratios when both ran."""
 

@@ -57,6 +57,8 @@ AwmEmaDecayType = Literal["linear", "constant"]
 ImportanceRatio = Literal["plain", "guard"]
 """Flow-GRPO: the importance ratio its PPO clip acts on (plain: the SDE step's log-prob ratio; guard: GRPO-Guard's
 normalised ratio, docs/algorithms.md "GRPO-Guard")."""
+MixTailSolver = Literal["euler", "dpm2"]
+"""MixGRPO: the ODE solver after the SDE window (euler; dpm2 = DPM-Solver++(2M), MixGRPO-Flash)."""
 
 # --- rollouts ---------------------------------------------------------------------------------------------------
 RolloutBackend = Literal["diffusers"]

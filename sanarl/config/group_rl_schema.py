@@ -26,7 +26,7 @@ from sanarl.config.choices import (
 from sanarl.config.ranges import Above, AtLeast, Within
 from sanarl.config.reward_schema import RewardKeys
 
-GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl", "awm", "dpo_online")
+GROUP_RL = ("diffusion_nft", "flow_grpo", "ddrl", "awm", "dpo_online", "mixgrpo")
 """The methods that roll out prompt groups and learn from their rewards."""
 
 
@@ -70,7 +70,7 @@ class ClippedPolicy(GroupPolicy):
     """The group-RL keys plus the PPO clip range of the methods with an importance ratio (Flow-GRPO, DDRL's policy
     term, AWM's ratio on its surrogate log-likelihood)."""
 
-    METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl", "awm")
+    METHODS: ClassVar[tuple[str, ...]] = ("flow_grpo", "ddrl", "awm", "mixgrpo")
 
     clip_range: Annotated[float, Above(0, "Flow-GRPO uses 1e-4")] = 1e-4
     """PPO clip range on the importance ratio (mean log-prob scale)."""
@@ -107,9 +107,10 @@ class FlowGRPOPolicy(ClippedPolicy):
 
 @dataclass
 class GroupDiffusers:
-    """The `[policy.diffusers]` key the group-RL methods read: how many rollout levels they train."""
+    """The `[policy.diffusers]` key the group-RL methods read: how many rollout levels they train (MixGRPO trains
+    its window instead)."""
 
-    METHODS: ClassVar[tuple[str, ...]] = GROUP_RL
+    METHODS: ClassVar[tuple[str, ...]] = ("diffusion_nft", "flow_grpo", "ddrl")
 
     timesteps_fraction: Annotated[float, Within(0, 1, low_open=True)] = 0.99
     """Fraction of the rollout grid levels trained per sample. Cosmos-RL's `timestep_fraction` is an alias."""

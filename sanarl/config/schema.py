@@ -42,6 +42,7 @@ from sanarl.config.guard_schema import (  # noqa: F401 (re-exported)
     GuardConfig,
     GuardMetricConfig,
 )
+from sanarl.config.mixgrpo_schema import MixGRPOConfig
 from sanarl.config.ranges import Above, AtLeast, Holds, Items, NotBlank, Only, Within
 from sanarl.config.reward_schema import RemoteRewardConfig, RewardFnConfig  # noqa: F401 (re-exported)
 from sanarl.config.soar_schema import SoarConfig
@@ -213,7 +214,7 @@ class TaskKeys:
     type: TaskType = "sft"
     """The task; grpo is Cosmos-RL's name for all reward-based RL."""
     trainer_type: str = ""
-    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl | awm | dpo; for sft "" (plain SFT) | soar | dpo (the method
+    """The method of the task type: for grpo diffusion_nft | flow_grpo | ddrl | awm | dpo | mixgrpo; for sft "" (plain SFT) | soar | dpo (the method
     registry's table, sanarl/methods/registry.py)."""
     mini_batch: Annotated[int, AtLeast(1)] = 1
     """Micro-batch size per forward/backward pass."""
@@ -229,6 +230,7 @@ class TrainPolicyConfig(FlowGRPOPolicy, NFTPolicy, TaskKeys):
     ddrl: DDRLConfig = field(default_factory=DDRLConfig)
     awm: AWMConfig = field(default_factory=AWMConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    mixgrpo: MixGRPOConfig = field(default_factory=MixGRPOConfig)
 
 
 @dataclass

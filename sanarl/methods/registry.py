@@ -23,6 +23,7 @@ from sanarl.methods.awm import config as awm
 from sanarl.methods.ddrl import config as ddrl
 from sanarl.methods.dpo import config as dpo
 from sanarl.methods.flow_grpo import config as flow_grpo
+from sanarl.methods.mixgrpo import config as mixgrpo
 from sanarl.methods.nft import config as nft
 from sanarl.methods.sft import config as sft
 from sanarl.methods.soar import config as soar
@@ -109,6 +110,10 @@ METHODS: tuple[Method, ...] = (
            view=dpo.online_view, validate=dpo.validate_online, warnings=dpo.online_warnings,
            rollout_cost=dpo.online_rollout_cost, plan=dpo.plan, trained_work=dpo.online_trained_work,
            group_rollouts=True, frozen_reference=True, bench={"dpo-online": "tiny-shapes-dpo-online"}),
+    Method(name="mixgrpo", policy_type="grpo", trainer_type="mixgrpo", task="sanarl.methods.mixgrpo.task:MixGRPOTask",
+           view=mixgrpo.view, validate=mixgrpo.validate, warnings=mixgrpo.warnings,
+           rollout_cost=mixgrpo.rollout_cost, plan=mixgrpo.plan, trained_work=mixgrpo.trained_work,
+           group_rollouts=True, sde_transitions=True, bench={"mixgrpo": "tiny-shapes-mixgrpo"}),
 )  # fmt: skip
 
 

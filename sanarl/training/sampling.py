@@ -4,6 +4,7 @@ Latents have any rank (`[B, C, h, w]` images, `[B, C, T', h, w]` video); `adapte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,10 @@ import torch
 from sanarl.config.schema import SampleConfig
 from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
+
+SamplingLoop = Callable[..., SampleOutput]
+"""A rollout's integration loop, called as `sample_loop` (velocity_fn, x_init, sigmas, solver=, eta=, generators=,
+return_trajectory=, window=): `sample_loop` itself, or a method's own (MixGRPO's mixed rollout)."""
 
 
 def grid_shift(adapter: DiffusionAdapter, flow_shift: float | None, height: int, width: int) -> float:
@@ -78,13 +83,15 @@ def generate_latents(
     module: torch.nn.Module | None = None,
     start: torch.Tensor | None = None,
     return_means: bool = False,
+    loop: SamplingLoop = sample_loop,
 ) -> SampleOutput:
     """Sample one latent per seed. cond has len(seeds) rows (or 1, broadcast); uncond is used when w != 1;
     `module` samples with another copy of the transformer (default: the trained one, its active adapter).
 
     `return_trajectory` keeps every state (`SampleOutput.trajectory`); `start` [1, ...] is a start noise every
     sample shares (Flow-GRPO's `same_noise_per_group`) in place of the seeds' own, whose generators still draw the
-    stochastic steps' noise; `return_means` keeps the stochastic steps' means (`SampleOutput.means`)."""
+    stochastic steps' noise; `return_means` keeps the stochastic steps' means (`SampleOutput.means`, asked of
+    `loop` only when set); `loop` integrates (default `sample_loop`)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     if start is not None:
@@ -99,7 +106,7 @@ def generate_latents(
     with adapter.truncated_timesteps(
         spec.integer_timesteps
     ):  # the model's timestep only; steps keep the float s
-        return sample_loop(
+        return loop(
             velocity,
             x,
             sigmas,
@@ -108,7 +115,7 @@ def generate_latents(
             generators=generators,
             return_trajectory=return_trajectory,
             window=window,
-            return_means=return_means,
+            **({"return_means": True} if return_means else {}),
         )
 
 

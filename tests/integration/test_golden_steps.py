@@ -66,6 +66,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "tiny-shapes-ddrl": RL_BATCH,
     "tiny-shapes-awm": RL_BATCH,
     "tiny-shapes-grpo-guard": RL_BATCH,
+    "tiny-shapes-mixgrpo": RL_BATCH,
     "tiny-shapes-soar": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
     "tiny-video-sft": ("train.train_batch_per_replica=4", "train.train_policy.mini_batch=4"),
     "tiny-shapes-dpo": ("train.train_batch_per_replica=8", "train.train_policy.mini_batch=4"),
@@ -80,6 +81,7 @@ REWARDED = {
     "tiny-shapes-awm",
 }
 REWARDED |= {"tiny-shapes-grpo-guard"}
+REWARDED |= {"tiny-shapes-mixgrpo"}
 """The methods that score rollouts with a reward (SFT and SOAR train on data alone)."""
 REWARDED |= {"tiny-shapes-dpo-online"}
 PLUGINS = {"tiny-shapes-dpo": "sanarl.datasets.shapes_pairs"}

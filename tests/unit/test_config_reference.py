@@ -63,7 +63,7 @@ def test_the_methods_column_names_registered_methods_and_each_view_holds_its_dec
     assert named <= {m.name for m in METHODS}
     text = reference.render()
     assert "| `nft_beta` | `float` | `1.0` | `> 0` | diffusion_nft |" in text
-    assert "| `clip_range` | `float` | `0.0001` | `> 0` | flow_grpo, ddrl, awm |" in text
+    assert "| `clip_range` | `float` | `0.0001` | `> 0` | flow_grpo, ddrl, awm, mixgrpo |" in text
     assert "| `lambda_aux` | `float` | `1.0` | `>= 0` | soar |" in text
     assert "| `optm_lr` | `float` | `0.0001` | `in (0, 1.0]` | all |" in text
     # the rules on lists, texts and values show as the ranges do

@@ -41,6 +41,8 @@ def _expected_levels(cfg) -> int:
         return tp.awm.train_timesteps  # AWM's train.train_timesteps
     if kind == "ddrl" and tp.ddrl.train_on:
         return len(tp.ddrl.train_on)
+    if kind == "mixgrpo":
+        return tp.mixgrpo.window_size  # MixGRPO's window: its steps are the trained ones
     if tp.sde_window_size > 0:
         return tp.sde_window_size
     deterministic_last = sample.solver == "cps" and not tp.cps_train_last_step

@@ -51,7 +51,7 @@ from sanarl.core.advantages import clip_advantages
 from sanarl.core.grpo_guard import guard_clip_loss, guard_log_ratio
 from sanarl.core.grpo_loss import drop_zero_std_groups, gaussian_mean_kl, ppo_clip_loss
 from sanarl.core.lora import adapters_disabled
-from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step
+from sanarl.core.samplers import cfg_velocity, cps_step, flow_sde_step, sample_loop
 from sanarl.methods.flow_grpo.config import FlowGRPOView, plan, view
 from sanarl.methods.flow_grpo.trajectory import (
     Trajectory,
@@ -64,6 +64,7 @@ from sanarl.methods.group_rl.rollout import PromptGroup
 from sanarl.methods.group_rl.task_base import GroupRLTask, reward_metrics
 from sanarl.models.base import Cond, DiffusionAdapter
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
+from sanarl.training.sampling import SamplingLoop
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class FlowGRPOTask(GroupRLTask):
         tp, k = self.view.train_policy, self.view.rollout.n_generation
         prompts, metas = self._step_prompts(step)
         seeds = self._group_seeds(step, len(prompts), k)
-        window = sde_window(tp.sde_window_size, tp.sde_window_range, self.spec.num_steps, rng)
+        window = self._rollout_window(step, rng)
         sample_fn = partial(
             sample_trajectories,
             self.adapter,
@@ -169,6 +170,7 @@ class FlowGRPOTask(GroupRLTask):
             same_noise=tp.same_noise_per_group,
             batch_size=self.view.rollout.batch_size,
             keep_means=tp.ratio == "guard",
+            loop=self._sampling_loop(window),
         )
         module = self.adapter.trainable_module()
         module.eval()
@@ -178,6 +180,16 @@ class FlowGRPOTask(GroupRLTask):
         if window is not None:
             metrics["sde_window_start"] = float(window[0])
         return groups, trajectories, metrics
+
+    def _rollout_window(self, step: int, rng: torch.Generator) -> tuple[int, int] | None:
+        """The stochastic (stored, trained) steps [a, b) of rollout `step`: Fast's window drawn from rng, or None
+        (every step stochastic)."""
+        tp = self.view.train_policy
+        return sde_window(tp.sde_window_size, tp.sde_window_range, self.spec.num_steps, rng)
+
+    def _sampling_loop(self, window: tuple[int, int] | None) -> SamplingLoop:
+        """The loop that integrates a rollout (`sanarl.core.samplers.sample_loop`'s signature)."""
+        return sample_loop
 
     def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         """Roll out prompt step `step`, compute advantages, and build all its training micro-batches."""

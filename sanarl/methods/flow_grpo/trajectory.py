@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sanarl.core.samplers import initial_noise
+from sanarl.core.samplers import initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
-from sanarl.training.sampling import GenerationSpec, generate_latents
+from sanarl.training.sampling import GenerationSpec, SamplingLoop, generate_latents
 
 
 @dataclass
@@ -72,12 +72,14 @@ def sample_trajectories(
     same_noise: bool,
     batch_size: int,
     keep_means: bool = False,
+    loop: SamplingLoop = sample_loop,
 ) -> tuple[torch.Tensor, Trajectory]:
     """SDE rollout of one prompt group with the active policy: final latents [K, ...] and the stored steps.
 
     `sampling.generate_latents` in chunks of `batch_size` seeds, keeping the trajectory's stochastic steps on CPU;
     with `same_noise` every sample starts from the first seed's noise (one initial noise per group); with
-    `keep_means` also the stochastic steps' means (GRPO-Guard's old means).
+    `keep_means` also the stochastic steps' means (GRPO-Guard's old means); `loop` integrates
+    (`generate_latents`).
     """
     shape = adapter.latent_shape(spec.height, spec.width)
     a, b = window if window is not None else (0, spec.num_steps)
@@ -94,6 +96,7 @@ def sample_trajectories(
             window=window,
             start=shared,
             return_means=keep_means,
+            loop=loop,
         )
         finals.append(out.latents)
         initial.append(out.trajectory[0].cpu())
