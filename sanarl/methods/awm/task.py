@@ -37,7 +37,7 @@ from sanarl.core.flow import interpolate
 from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapter
 from sanarl.methods.awm.config import AWMView, plan, view
 from sanarl.methods.group_rl.rollout import PromptGroup
-from sanarl.methods.group_rl.task_base import GroupRLTask, reward_metrics
+from sanarl.methods.group_rl.task_base import GroupRLTask
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights
 from sanarl.training.protocol import per_rank_batch, run_settings, steps_plan
@@ -94,17 +94,7 @@ class AWMTask(GroupRLTask):
 
     def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         """Roll out the prompts of rollout `step` with the policy, score them, and build its micro-batches."""
-        prompts, metas = self._step_prompts(step)
-        seeds = self._group_seeds(step, len(prompts), self.rollouts.m)
-        module = self.adapter.trainable_module()
-        module.eval()
-        groups, metrics = self.rollouts.rollout(prompts, metas, seeds)
-        module.train()
-        adv, keep, stats = self._advantages(groups)
-        metrics.update(stats)
-        metrics.update(reward_metrics(groups))
-        self.last_metrics, self.last_groups = metrics, groups
-        self._maybe_save_grid(step, groups)
+        groups, adv, keep = self._scored_rollout(step)
         batches = self._training_batches(groups, adv, keep, rng)
         if self.view.train_policy.optimizer_steps_per_rollout > 1:
             for (

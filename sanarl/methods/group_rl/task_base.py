@@ -116,6 +116,23 @@ class GroupRLTask(CheckedTask):
         return rollouts * self.view.train_policy.optimizer_steps_per_rollout
 
     # --- prompts, seeds, advantages -----------------------------------------------------------------------------
+    def _scored_rollout(self, step: int) -> tuple[list[PromptGroup], torch.Tensor, torch.Tensor]:
+        """Roll out the prompts of rollout `step` (`self.rollouts`, the module in eval mode), score them and
+        normalise their advantages over every rank's samples: (groups, advantages, kept rows). The step's metrics
+        and groups are kept for logging and its sample grid is saved when due."""
+        prompts, metas = self._step_prompts(step)
+        seeds = self._group_seeds(step, len(prompts), self.rollouts.m)
+        module = self.adapter.trainable_module()
+        module.eval()
+        groups, metrics = self.rollouts.rollout(prompts, metas, seeds)
+        module.train()
+        adv, keep, stats = self._advantages(groups)
+        metrics.update(stats)
+        metrics.update(reward_metrics(groups))
+        self.last_metrics, self.last_groups = metrics, groups
+        self._maybe_save_grid(step, groups)
+        return groups, adv, keep
+
     def _step_prompts(self, step: int) -> tuple[list[str], list[dict]]:
         """This rank's prompts (and metadata) of rollout `step`: a pure function of (seed, step, rank)."""
         items = self._step_items(step)

@@ -21,7 +21,7 @@ from sanarl.core.lora import adapter_parameters, adapters_disabled, using_adapte
 from sanarl.core.nft_loss import nft_loss
 from sanarl.methods.group_rl.quantize import model_quant_plan
 from sanarl.methods.group_rl.rollout import PromptGroup
-from sanarl.methods.group_rl.task_base import GroupRLTask, reward_metrics
+from sanarl.methods.group_rl.task_base import GroupRLTask
 from sanarl.methods.nft.config import NFTView, plan, view
 from sanarl.models.base import Cond
 from sanarl.training.ema import decay_old_weights, old_weight_decay
@@ -67,19 +67,8 @@ class NFTTask(GroupRLTask):
 
     def _rollout_batches(self, step: int, rng: torch.Generator) -> list[dict]:
         """Roll out the prompts of rollout `step`, score them, and build all its training micro-batches."""
-        # 1. rollout: this rank's prompt groups with the old adapter, scored
-        prompts, metas = self._step_prompts(step)
-        seeds = self._group_seeds(step, len(prompts), self.rollouts.m)
-        module = self.adapter.trainable_module()
-        module.eval()
-        groups, metrics = self.rollouts.rollout(prompts, metas, seeds)
-        module.train()
-        # 2. advantages over every rank's samples
-        adv, keep, stats = self._advantages(groups)
-        metrics.update(stats)
-        metrics.update(reward_metrics(groups))
-        self.last_metrics, self.last_groups = metrics, groups
-        self._maybe_save_grid(step, groups)
+        # 1. rollout: this rank's prompt groups with the old adapter, scored; 2. advantages over every rank's samples
+        groups, adv, keep = self._scored_rollout(step)
         return self._training_batches(groups, adv, keep, rng)
 
     def _training_batches(
