@@ -6,7 +6,8 @@ adapter wraps that pipeline as it wraps a loaded one. For each preset's resoluti
 evaluation, the Sol-RL preview) the grid sanarl samples on is compared with the one the pipeline's own `__call__`
 code builds with its defaults: StableDiffusion3Pipeline's `retrieve_timesteps(scheduler, N)` (no sigmas),
 FluxPipeline's `sigmas = linspace(1, 1/N, N)` with `mu = calculate_shift(image_seq_len, ...)` where
-image_seq_len is the token count of the latents its `prepare_latents` makes.
+image_seq_len is the token count of the latents its `prepare_latents` makes. A preset that names its method's own
+grid (`sigma_grid = "linspace"`: MixGRPO's shift(1 - i / N, k)) is compared with that grid, re-derived here.
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ def _pipeline_sigmas(pipe, steps: int, height: int, width: int) -> torch.Tensor:
     return pipe.scheduler.sigmas.clone()
 
 
+def _linspace_grid(steps: int, k: float) -> torch.Tensor:
+    """MixGRPO's grid (its sampling_utils): shift(1 - i / N, k) for i = 0..N-1, then 0, with shift(u, k) =
+    k u / (1 + (k - 1) u)."""
+    u = np.linspace(1.0, 1.0 / steps, steps)
+    return torch.tensor([*(k * u / (1 + (k - 1) * u)), 0.0], dtype=torch.float32)
+
+
 @pytest.mark.parametrize("preset", PRESET_NAMES)
 def test_preset_grids_are_the_pipelines_default_grids(preset):
     cfg = load_config(PRESETS / f"{preset}.toml").config
@@ -107,8 +115,12 @@ def test_preset_grids_are_the_pipelines_default_grids(preset):
     ]
     if cfg.rollout.family == "sol_rl":
         specs.append(GenerationSpec(**{**specs[0].__dict__, "num_steps": cfg.rollout.preview_step}))
+    sample = diffusers_cfg.sample
     for spec in specs:
-        expected = _pipeline_sigmas(pipe, spec.num_steps, *height_width)
+        if sample.sigma_grid == "linspace":  # a reference's own grid, named in the preset (MixGRPO's)
+            expected = _linspace_grid(spec.num_steps, sample.flow_shift or pipe.scheduler.config.shift)
+        else:
+            expected = _pipeline_sigmas(pipe, spec.num_steps, *height_width)
         ours = spec.sigmas(adapter)
         assert ours.shape == expected.shape == (spec.num_steps + 1,)
         torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
