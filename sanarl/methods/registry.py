@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sanarl.config.method_rules import rules_of
 from sanarl.config.schema import Config
@@ -60,14 +60,11 @@ class Method:
     group_rollouts: bool = False
     """Rolls out prompt groups from the policy and scores them: a rollout phase with the reward models resident."""
     sde_transitions: bool = False
-    """Trains on the recorded SDE / CPS transitions (Flow-GRPO's per-step ratio objective): with kl_beta and no
-    LoRA it keeps a frozen reference copy of the transformer."""
-    base_copy: bool = False
-    """Keeps a frozen copy of the transformer as its KL base in a full fine-tune with kl_beta (AWM; the
-    `sde_transitions` methods do too)."""
-    frozen_reference: bool = False
-    """Compares the policy with a frozen reference in every loss (DPO): without LoRA it keeps a frozen copy of the
-    transformer, whatever kl_beta."""
+    """Trains on the recorded SDE / CPS transitions (Flow-GRPO's per-step ratio objective)."""
+    reference_copy: Literal["never", "with_kl", "always"] = "never"
+    """When a full fine-tune (no LoRA; with LoRA the reference is the base without adapters) keeps a frozen copy of
+    the transformer as its reference: "with_kl" only with `kl_beta > 0` (the KL base of Flow-GRPO, DDRL, MixGRPO,
+    AWM), "always" (DPO: the reference is in every loss), "never" (no reference, or LoRA only)."""
     bench: Mapping[str, str] = field(default_factory=dict)
     """`sanarl bench shapes --methods` names -> shipped preset."""
     bench_plugin: str = "sanarl.datasets.shapes"
@@ -92,28 +89,29 @@ METHODS: tuple[Method, ...] = (
     Method(name="flow_grpo", policy_type="grpo", trainer_type="flow_grpo",
            task="sanarl.methods.flow_grpo.task:FlowGRPOTask", view=flow_grpo.view, validate=flow_grpo.validate,
            warnings=flow_grpo.warnings, rollout_cost=flow_grpo.rollout_cost, plan=flow_grpo.plan, trained_work=flow_grpo.trained_work,
-           group_rollouts=True, sde_transitions=True, bench={"grpo": "tiny-shapes-grpo",
+           group_rollouts=True, sde_transitions=True, reference_copy="with_kl", bench={"grpo": "tiny-shapes-grpo",
            "grpo-guard": "tiny-shapes-grpo-guard"}),
     Method(name="ddrl", policy_type="grpo", trainer_type="ddrl", task="sanarl.methods.ddrl.task:DDRLTask",
            view=ddrl.view, validate=ddrl.validate, warnings=ddrl.warnings, rollout_cost=ddrl.rollout_cost,
            plan=ddrl.plan, trained_work=ddrl.trained_work, group_rollouts=True, sde_transitions=True,
+           reference_copy="with_kl",
            bench={"ddrl": "tiny-shapes-ddrl"}),
     Method(name="awm", policy_type="grpo", trainer_type="awm", task="sanarl.methods.awm.task:AWMTask",
            view=awm.view, validate=awm.validate, warnings=awm.warnings, rollout_cost=awm.rollout_cost,
-           plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, base_copy=True,
+           plan=awm.plan, trained_work=awm.trained_work, group_rollouts=True, reference_copy="with_kl",
            bench={"awm": "tiny-shapes-awm"}),
     Method(name="dpo", policy_type="sft", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOTask",
            view=dpo.view, validate=None, warnings=dpo.warnings, rollout_cost=dpo.rollout_cost, plan=dpo.plan,
-           trained_work=dpo.trained_work, frozen_reference=True, bench={"dpo": "tiny-shapes-dpo"},
+           trained_work=dpo.trained_work, reference_copy="always", bench={"dpo": "tiny-shapes-dpo"},
            bench_plugin="sanarl.datasets.shapes_pairs"),
     Method(name="dpo_online", policy_type="grpo", trainer_type="dpo", task="sanarl.methods.dpo.task:DPOOnlineTask",
            view=dpo.online_view, validate=dpo.validate_online, warnings=dpo.online_warnings,
            rollout_cost=dpo.online_rollout_cost, plan=dpo.plan, trained_work=dpo.online_trained_work,
-           group_rollouts=True, frozen_reference=True, bench={"dpo-online": "tiny-shapes-dpo-online"}),
+           group_rollouts=True, reference_copy="always", bench={"dpo-online": "tiny-shapes-dpo-online"}),
     Method(name="mixgrpo", policy_type="grpo", trainer_type="mixgrpo", task="sanarl.methods.mixgrpo.task:MixGRPOTask",
            view=mixgrpo.view, validate=mixgrpo.validate, warnings=mixgrpo.warnings,
            rollout_cost=mixgrpo.rollout_cost, plan=mixgrpo.plan, trained_work=mixgrpo.trained_work,
-           group_rollouts=True, sde_transitions=True, bench={"mixgrpo": "tiny-shapes-mixgrpo"}),
+           group_rollouts=True, sde_transitions=True, reference_copy="with_kl", bench={"mixgrpo": "tiny-shapes-mixgrpo"}),
 )  # fmt: skip
 
 

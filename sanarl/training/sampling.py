@@ -4,8 +4,9 @@ Latents have any rank (`[B, C, h, w]` images, `[B, C, T', h, w]` video); `adapte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -13,9 +14,24 @@ from sanarl.config.schema import SampleConfig
 from sanarl.core.samplers import SampleOutput, initial_noise, sample_loop
 from sanarl.models.base import Cond, DiffusionAdapter
 
-SamplingLoop = Callable[..., SampleOutput]
-"""A rollout's integration loop, called as `sample_loop` (velocity_fn, x_init, sigmas, solver=, eta=, generators=,
-return_trajectory=, window=): `sample_loop` itself, or a method's own (MixGRPO's mixed rollout)."""
+
+class SamplingLoop(Protocol):
+    """A rollout's integration loop, called as `sample_loop` is: `sample_loop` itself, or a method's own (MixGRPO's
+    mixed rollout). A loop that cannot keep what is asked (`return_means`) raises rather than ignore it."""
+
+    def __call__(
+        self,
+        velocity_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        x_init: torch.Tensor,
+        sigmas: torch.Tensor,
+        *,
+        solver: str,
+        eta: float,
+        generators: Sequence[torch.Generator] | None,
+        return_trajectory: bool,
+        window: tuple[int, int] | None,
+        return_means: bool,
+    ) -> SampleOutput: ...
 
 
 def grid_shift(adapter: DiffusionAdapter, flow_shift: float | None, height: int, width: int) -> float:
@@ -90,8 +106,8 @@ def generate_latents(
 
     `return_trajectory` keeps every state (`SampleOutput.trajectory`); `start` [1, ...] is a start noise every
     sample shares (Flow-GRPO's `same_noise_per_group`) in place of the seeds' own, whose generators still draw the
-    stochastic steps' noise; `return_means` keeps the stochastic steps' means (`SampleOutput.means`, asked of
-    `loop` only when set); `loop` integrates (default `sample_loop`)."""
+    stochastic steps' noise; `return_means` keeps the stochastic steps' means (`SampleOutput.means`); `loop`
+    integrates (default `sample_loop`)."""
     shape = adapter.latent_shape(spec.height, spec.width)
     x, generators = initial_noise(shape, seeds, device=adapter.device)
     if start is not None:
@@ -115,7 +131,7 @@ def generate_latents(
             generators=generators,
             return_trajectory=return_trajectory,
             window=window,
-            **({"return_means": True} if return_means else {}),
+            return_means=return_means,
         )
 
 

@@ -56,14 +56,22 @@ def mixed_loop(
     shift: float,
     dpm_tail: bool,
     compress_ratio: float | None,
+    solver: str,
     eta: float,
-    window: tuple[int, int],
+    window: tuple[int, int] | None,
     generators: Sequence[torch.Generator] | None = None,
     return_trajectory: bool = False,
-    **_: object,
+    return_means: bool = False,
 ) -> SampleOutput:
     """MixGRPO's rollout with `sample_loop`'s signature (`sanarl.training.sampling.SamplingLoop`): the mixed loop
-    on `rollout_grid`; an empty window stores no log-prob ([B, 0])."""
+    on `rollout_grid`; an empty window stores no log-prob ([B, 0]). The window's steps are Flow-GRPO's SDE steps
+    (validate requires `solver = "flow_sde"`); the loop keeps no step means (GRPO-Guard's ratio is refused with
+    MixGRPO at validate), so asking for them is an error, not a silent None."""
+    if solver != "flow_sde" or window is None or return_means:
+        raise ValueError(
+            f"mixed_loop: solver {solver!r} (needs 'flow_sde'), window {window} (needs one), return_means "
+            f"{return_means} (not kept by MixGRPO's rollout)"
+        )
     grid = rollout_grid(sigmas, shift=shift, window_end=window[1], compress_ratio=compress_ratio)
     out = mixgrpo_sample_loop(
         velocity_fn, x_init, grid, window=window, eta=eta, dpm_tail=dpm_tail, generators=generators,

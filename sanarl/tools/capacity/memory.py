@@ -285,9 +285,9 @@ def _copy_terms(cfg: Config, params: dict[str, int]) -> list[Term]:
             terms.append(Term(f"{quant} form of {params['quantized'] / 1e6:.0f}M quantized weights", packed,
                               "rollout.nvfp4_min_dim"))  # fmt: skip
     kl = cfg.train.train_policy.kl_beta > 0
-    if (method.sde_transitions or method.base_copy) and kl and cfg.policy.lora is None:
+    if method.reference_copy == "with_kl" and kl and cfg.policy.lora is None:
         terms.append(Term("reference copy (kl_beta, full fine-tune)", whole, "train.train_policy.kl_beta"))
-    if method.frozen_reference and cfg.policy.lora is None:
+    if method.reference_copy == "always" and cfg.policy.lora is None:
         terms.append(Term("reference copy (full fine-tune)", whole, "policy.lora"))
     return terms
 
