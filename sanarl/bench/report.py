@@ -219,7 +219,7 @@ def write_report(opts, records: list[dict[str, Any]], rows, console: Console) ->
     curve_table = curves_markdown(records)
     if curve_table:
         text += "\n## Held-out curves (strict per category)\n\n" + curve_table
-    stability = stability_rows(records)
+    stability = stability_rows(records, rows.metadata)
     if stability:
         text += f"\n## Best and end point of each curve ({STABILITY_KEY})\n\n" + stability_markdown(stability)
     (out / "results.md").write_text(text)

@@ -8,7 +8,9 @@ on ties, the base included); the *end* point is the final model, the one a user 
   prompts and seeds it is on the safe side);
 - `specks`: the end's specks per image exceed the base's by more than `SPECKS_MARGIN`;
 - `background`: the end's background fraction is more than `BACKGROUND_MARGIN` from the base's, either way (fewer
-  background pixels: clutter, texture or specks; more: objects lost).
+  background pixels: clutter, texture or specks; more: objects lost);
+- `colour`: for some palette colour, the end's held-out strict accuracy on the prompts that name it is below the
+  base's by more than `SE_FLAG` paired standard errors (same prompts and seeds; a collapse of the colours to one).
 """
 
 from __future__ import annotations
@@ -95,14 +97,57 @@ def stability_flags(s: dict[str, Any]) -> list[str]:
     return flags
 
 
-def stability_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One `curve_stability` per trained run (method, seed), in record order."""
+def colour_accuracy(
+    end: list[float], base: list[float], metadata: list[dict[str, Any]], key: str = "shapes/strict"
+) -> list[dict[str, Any]]:
+    """Per palette colour named by the held-out prompts (`metadata[i]["include"][j]["color"]`): the samples whose
+    prompt names it, the base's and the end's mean per-sample `key` on them, their paired difference and its
+    standard error (sample std of the differences / sqrt(n)), in the order the colours first appear."""
+    by_colour: dict[str, list[int]] = {}
+    for i, meta in enumerate(metadata):
+        for colour in dict.fromkeys(e["color"] for e in meta.get("include", []) if "color" in e):
+            by_colour.setdefault(colour, []).append(i)
+    out = []
+    for colour, idx in by_colour.items():
+        diffs = [end[i] - base[i] for i in idx]
+        n, mean = len(diffs), sum(diffs) / len(diffs)
+        var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.nan
+        out.append({"colour": colour, "n": n, "base": sum(base[i] for i in idx) / n,
+                    "end": sum(end[i] for i in idx) / n, "diff": mean, "se": math.sqrt(var / n)})  # fmt: skip
+    return out
+
+
+def colour_flags(colours: list[dict[str, Any]], key: str = "shapes/strict") -> list[str]:
+    """A `colour` flag per colour whose end is below the base by more than SE_FLAG paired standard errors."""
+    return [
+        f"colour: {c['colour']} {key} {c['end']:.3f} < base {c['base']:.3f} by {-c['diff']:.3f} > {SE_FLAG:g} "
+        f"paired se ({c['se']:.3f}, {c['n']} prompts)"
+        for c in colours
+        if c["se"] > 0 and -c["diff"] > SE_FLAG * c["se"]
+    ]
+
+
+def stability_rows(
+    records: list[dict[str, Any]], metadata: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """One `curve_stability` per trained run (method, seed), in record order; with the held-out rows' `metadata`
+    (and per-sample scores in the records) also each run's `colour_accuracy` and `colour` flags."""
     base = next((r for r in records if r["method"] == "base"), None)
     rows = []
     for r in records:
         if r["method"] == "base":
             continue
         found = curve_stability(full_curve(r, base), base["summary"] if base is not None else None)
+        key = "shapes/strict"
+        paired = (
+            base is not None
+            and metadata
+            and key in r.get("per_sample", {})
+            and key in base.get("per_sample", {})
+        )
+        if paired:
+            found["colours"] = colour_accuracy(r["per_sample"][key], base["per_sample"][key], metadata, key)
+            found["flags"] += colour_flags(found["colours"], key)
         rows.append({"method": r["method"], "seed": r["seed"], **found})
     return rows
 
@@ -126,6 +171,13 @@ def stability_markdown(rows: list[dict[str, Any]]) -> str:
                  str(len(s["flags"])) if s["flags"] else "none"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    for s in rows:
+        if s.get("colours"):
+            cells = [f"{c['colour']} {c['base']:.3f} -> {c['end']:.3f} ({c['diff']:+.3f} ± {c['se']:.3f}, n {c['n']})"
+                     for c in s["colours"]]  # fmt: skip
+            lines.append(
+                f"- {s['method']} (seed {s['seed']}) strict per colour named, base -> end: {', '.join(cells)}"
+            )
     for s in rows:
         for flag in s["flags"]:
             lines.append(f"- FLAGGED {s['method']} (seed {s['seed']}): {flag}")

@@ -83,6 +83,8 @@ GuardWorse = Literal["higher", "lower"]
 """`worse` of a guard metric: the direction in which it worsens."""
 GuardAction = Literal["log", "stop"]
 """What the reward-hacking guard does when it fires."""
+GuardRollback = Literal["best", "last_clean"]
+"""Which kept validation a stopped run exports: the alarm metric's best, or the newest within every margin."""
 
 # --- the reward service -----------------------------------------------------------------------------------------
 Fsync = Literal["always", "everysec", "no"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, get_args
 
-from sanarl.config.choices import GuardAction, GuardWorse
+from sanarl.config.choices import GuardAction, GuardRollback, GuardWorse
 from sanarl.config.ranges import AtLeast
 from sanarl.errors import ConfigError
 
@@ -47,8 +47,12 @@ class GuardConfig:
     min_trained_rise: float = 0.0
     """The trained reward "rises" when it exceeds its value at the guard's best validation by more than this."""
     action: GuardAction = "log"
-    """log: record the alarm and grids, go on; stop: stop at that validation and export the best checkpoint by the
-    guard (rollback), exit code 0."""
+    """log: record the alarm and grids, go on; stop: stop at that validation and export a kept checkpoint
+    (`rollback`), exit code 0."""
+    rollback: GuardRollback = "best"
+    """What a stopped run exports. best: the validation where the alarm's metric was best (for an image rule often
+    the base itself); last_clean: the newest validation at which no guard metric was worse than its best so far by
+    more than its margin (the most training that passed every rule; the guard keeps its checkpoint too)."""
 
     def check(self, validation_enabled: bool, held_out_rewards: list[str]) -> None:
         """Raise ConfigError naming the key and the fix on an invalid guard, given `validation.enable` and

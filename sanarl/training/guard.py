@@ -7,7 +7,9 @@ guard metric, the value is worse than its best by more than `margin` AND the tra
 steps before this validation exceeds its value at the best validation by more than `min_trained_rise` (the trained
 reward of a validation = the mean of `trained_metric` over the steps since the previous validation; for the first,
 before any step, the steps up to the next one). The guard keeps a checkpoint of every metric's best validation
-(`<run>/guard/step_*`), so `action = "stop"` can stop the run and export that one (rollback). Every alarm writes
+(`<run>/guard/step_*`), so `action = "stop"` can stop the run and export that one (rollback); with `rollback =
+"last_clean"` it also keeps the newest *clean* validation (no metric worse than its best so far by more than its
+margin: the alarm's test without the trained-reward condition) and exports that one instead. Every alarm writes
 `guard/alarm_step_*.png` (top row the best validation's samples, bottom row the current ones) and `guard/alarm.json`.
 
 `find_alarm` is the pure decision; `Guard` the state the runner keeps (runner.py calls `record_step`, `observe`,
@@ -190,6 +192,19 @@ def find_alarm(
     return None
 
 
+def is_clean(values: Mapping[str, Sequence[float]], rules: Sequence[GuardMetricConfig], i: int) -> bool:
+    """Validation i is clean when no guard metric is worse than its best over validations 0..i by more than its
+    margin (a value that is not finite is not shown worse). The first validation is always clean."""
+    for rule in rules:
+        series = list(values.get(rule.key, []))[: i + 1]
+        best = best_index(series, rule.worse)
+        if best is None or not math.isfinite(series[i]):
+            continue
+        if (series[i] - series[best]) * (1.0 if rule.worse == "higher" else -1.0) > rule.margin:
+            return False
+    return True
+
+
 def check_reward_keys(cfg: GuardConfig, rewards: Mapping[str, object]) -> None:
     """Before training: every `heldout/<reward>/<key>` guard key names a key that built reward returns.
 
@@ -218,7 +233,7 @@ class Guard:
         self.samples: dict[int, tuple[torch.Tensor, list[str]]] = {}
         self.alarm: Alarm | None = None
         self.step_keys: set[str] = set()
-        # the bests of the newest training checkpoint: their guard/step_* stay until the next one
+        # the kept validations of the newest training checkpoint: their guard/step_* stay until the next one
         self.saved_best: set[int] = set()
         self.base_hue: torch.Tensor | None = None
         """The hue histogram of the run's first validation (the base when `validation.val_before_train`)."""
@@ -265,6 +280,31 @@ class Guard:
                 found.add(self.steps[i])
         return found
 
+    def last_clean_step(self, before: int | None = None) -> int | None:
+        """The newest clean validation (`is_clean`), only those before step `before` when given."""
+        for i in reversed(range(len(self.steps))):
+            if (before is None or self.steps[i] < before) and is_clean(self.values, self.cfg.metrics, i):
+                return self.steps[i]
+        return None
+
+    def kept_steps(self) -> set[int]:
+        """The validations whose checkpoints the guard keeps: each metric's best, and with `rollback =
+        "last_clean"` the newest clean one."""
+        kept = self.best_steps()
+        clean = self.last_clean_step() if self.cfg.rollback == "last_clean" else None
+        return kept if clean is None else kept | {clean}
+
+    def rollback_step(self) -> int | None:
+        """The validation a stop exports (`rollback`): the alarm metric's best, or the newest clean validation
+        before the alarm (the alarm's best when none is kept)."""
+        if self.alarm is None:
+            return None
+        if self.cfg.rollback == "last_clean":
+            clean = self.last_clean_step(before=self.alarm.step)
+            if clean is not None:
+                return clean
+        return self.alarm.best_step
+
     def decide(self, step: int, logger=None) -> tuple[bool, bool]:
         """After `observe(step)`: (keep a checkpoint of this step, stop the run). An alarm is logged (`guard/alarm`),
         drawn (`guard/alarm_step_*.png`) and recorded (`guard/alarm.json`)."""
@@ -276,17 +316,17 @@ class Guard:
                 "metrics alone."
             )
         alarm = find_alarm(self.steps, self.values, self.cfg.metrics, trained, self.cfg.min_trained_rise)
-        best = self.best_steps()
+        best, kept = self.best_steps(), self.kept_steps()
         self.samples = {s: v for s, v in self.samples.items() if s in best or s == step}
         if logger is not None:
             logger.log(step, {"guard/alarm": float(alarm is not None)})
         if alarm is None:
-            return step in best, False
+            return step in kept, False
         self.alarm = alarm
         grid = self._write_alarm(alarm)
         if logger is not None and grid is not None:
             logger.log_image(step, "guard/alarm", grid)
-        return step in best, self.cfg.action == "stop"
+        return step in kept, self.cfg.action == "stop"
 
     def _write_alarm(self, alarm: Alarm) -> Path | None:
         """guard/alarm.json (every alarm so far) and the best-vs-current grid of this one."""
@@ -309,19 +349,21 @@ class Guard:
         return save_media(torch.cat([best[:k], now[:k]]), captions, stem, columns=k)
 
     def keep_checkpoint(self, step: int, tensors: dict[str, dict[str, torch.Tensor]]) -> Path:
-        """Write the weights of validation `step` (a metric's new best) and drop kept ones no metric needs now."""
-        path = save_checkpoint(self.root, step, tensors, {}, {"guard": "best validation"})
-        best = self.best_steps() | self.saved_best
+        """Write the weights of validation `step` (a metric's new best, or the newest clean one) and drop kept ones
+        nothing needs now."""
+        path = save_checkpoint(self.root, step, tensors, {}, {"guard": "kept validation"})
+        best = self.kept_steps() | self.saved_best
         for old in list_checkpoints(self.root):
             if _step_of(old.name) not in best:
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
     def best_checkpoint(self) -> Path | None:
-        """The kept checkpoint of the alarm's best validation (what a stop exports), or None."""
-        if self.alarm is None:
+        """The kept checkpoint of `rollback_step` (what a stop exports), or None."""
+        step = self.rollback_step()
+        if step is None:
             return None
-        path = self.root / checkpoint_name(self.alarm.best_step)
+        path = self.root / checkpoint_name(step)
         return path if (path / "meta.json").is_file() else None
 
     # --- resume -------------------------------------------------------------------------------------------------
@@ -330,7 +372,7 @@ class Guard:
         steps, guard values, the trained-reward series with its metric's name, the per-step metric keys, the alarm,
         and the first GRID_SAMPLES samples (uint8, as the grid draws them) and prompts of each metric's best
         validation. The kept checkpoints of those bests stay until the next training checkpoint."""
-        best = self.saved_best = self.best_steps()
+        best = self.saved_best = self.kept_steps()
         samples = {
             step: {"images": _to_uint8(images[:GRID_SAMPLES]), "prompts": prompts[:GRID_SAMPLES]}
             for step, (images, prompts) in self.samples.items()
@@ -367,7 +409,7 @@ class Guard:
             for step, kept_ in state["samples"].items()
             if step <= upto
         }
-        self.saved_best = self.best_steps()
+        self.saved_best = self.kept_steps()
         self.base_hue = state.get("base_hue") if self.steps else None
 
     def forget_after(self, step: int) -> None:

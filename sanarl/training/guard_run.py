@@ -3,7 +3,7 @@
 At each validation rank 0's guard reads the samples' held-out rewards and image statistics; its decision (keep a
 checkpoint of a guard metric's new best, stop on an `action = "stop"` alarm) is shared with every rank. Its
 history goes into every checkpoint (`guard.pt`), written after the step's validation so a resumed run never
-repeats one; a stopped run exports the best step's weights.
+repeats one; a stopped run exports the rollback step's weights (`validation.guard.rollback`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ class GuardComponent(RunComponent):
 
     # --- the end ----------------------------------------------------------------------------------------------
     def before_export(self, stopped: bool) -> None:
-        """A stopped run exports the guard's best step: its checkpoint's model and EMA weights, on every rank."""
+        """A stopped run exports the guard's rollback step (`Guard.rollback_step`): its checkpoint's model and EMA
+        weights, on every rank."""
         if not stopped:
             return
         acc = self.run.acc
@@ -107,8 +108,13 @@ class GuardComponent(RunComponent):
             return
         alarm = self.guard.alarm
         where = f"{export_dir}" if export_dir else "nowhere (train.ckpt.export_safetensors = false)"
+        why = (
+            "best by the guard"
+            if self.cfg.rollback == "best"
+            else "the newest validation within every margin"
+        )
         what = (
-            f"the step-{alarm.best_step} weights (best by the guard)"
+            f"the step-{self.guard.rollback_step()} weights ({why})"
             if self.rolled_back
             else "the last weights"
         )

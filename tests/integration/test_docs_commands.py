@@ -75,7 +75,8 @@ NOT_RUN: list[tuple[str, str]] = [
         "runs the same script on the tiny preset",
     ),
     (
-        r"^sanarl bench shapes --(output|methods soar,sft-more|methods ddrl,grpo,nft,sft-more|methods awm,dpo,dpo-online,mixgrpo,grpo-guard,nft,grpo,sft-more) ",
+        r"^sanarl bench shapes --(output|methods soar,sft-more|methods ddrl,grpo,nft,sft-more|methods awm,dpo,dpo-online,mixgrpo,grpo-guard,nft,grpo,sft-more"
+        r"|methods (nft|nft-solrl|grpo) --seeds 1 --budget-minutes 30) ",
         "the measured benches of docs/results.md (half an hour to two hours of CPU each); the same code runs shortened in "
         "tests/integration/test_bench_shapes.py",
     ),

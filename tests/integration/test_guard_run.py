@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sanarl.methods.config_loading import load_config
 from sanarl.training.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -150,11 +151,37 @@ def test_the_shipped_guard_stops_a_run_whose_images_degrade_and_rolls_back(run_c
     assert alarm["value"] == now["heldout/shapes/specks"] and alarm["action"] == "stop"
     text = " ".join(stdout.split())  # the console wraps long lines
     assert "stopped by the reward-hacking guard at step 8: guard: heldout/shapes/specks worsened" in text
-    assert "Exported the step-0 weights (best by the guard)" in text
     assert (tmp_path / "guard" / "alarm_step_00000008.png").is_file()
-    best = load_file(tmp_path / "guard" / "step_00000000" / "ema.safetensors")
-    exported = load_file(tmp_path / "export" / "pytorch_lora_weights.safetensors")
-    for key, value in best.items():
+    # the shipped `rollback = "last_clean"`: step 4 is within every margin of its rule's best so far (re-checked from
+    # the logged values), so the stop exports step 4's kept checkpoint, not the base (the specks' best)
+    rules = load_config(tmp_path / "config.toml").config.validation.guard.metrics
+    for rule in rules:
+        sign = 1.0 if rule.worse == "higher" else -1.0
+        best = min(held[0][rule.key] * sign, held[4][rule.key] * sign)
+        assert held[4][rule.key] * sign - best <= rule.margin, rule.key
+    assert "Exported the step-4 weights (the newest validation within every margin)" in text
+    _assert_exported(tmp_path, 4)
+
+
+def _assert_exported(run: Path, step: int) -> None:
+    """The run's LoRA export holds the guard's kept EMA weights of validation `step`."""
+    kept = load_file(run / "guard" / f"step_{step:08d}" / "ema.safetensors")
+    exported = load_file(run / "export" / "pytorch_lora_weights.safetensors")
+    for key, value in kept.items():  # diffusers LoRA names: "transformer." prefix, no adapter name
         assert torch.equal(exported["transformer." + key.replace(".default.", ".")].to(value.dtype), value), (
             key
         )
+
+
+def test_best_rollback_exports_the_alarm_metrics_best_validation(run_cli, tmp_path):
+    """The same degrading run with `validation.guard.rollback = "best"`: the stop at step 8 exports the specks' best
+    validation, the base (step 0)."""
+    code, stdout, stderr = run_cli(
+        "--config", "tiny-shapes-nft-exact", "sanarl.datasets.shapes", "--set", f"train.output_dir={tmp_path}",
+        *[x for s in DEGRADING for x in ("--set", s)], "--set", "validation.guard.rollback=best",
+    )  # fmt: skip
+    assert code == 0, stderr
+    (alarm,) = json.loads((tmp_path / "guard" / "alarm.json").read_text())
+    assert (alarm["key"], alarm["best_step"], alarm["step"]) == ("heldout/shapes/specks", 0, 8)
+    assert "Exported the step-0 weights (best by the guard)" in " ".join(stdout.split())
+    _assert_exported(tmp_path, 0)

@@ -1,6 +1,7 @@
 """The bench's stability report (sanarl/bench/stability.py): the best and end point of synthetic held-out curves, the
 standard error of their difference by hand, the flags (end below best by more than 2 se; specks / background out of
-the base's band), and the report's text in results.md and results.json."""
+the base's band, a colour below the base by more than 2 paired se), and the report's text in results.md and
+results.json."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from sanarl.bench.report import write_report
-from sanarl.bench.stability import curve_stability, stability_markdown, stability_rows
+from sanarl.bench.stability import colour_accuracy, curve_stability, stability_markdown, stability_rows
 
 
 def _summary(exact: float, se: float, specks: float, background: float) -> dict:
@@ -100,10 +101,51 @@ def test_the_report_shows_best_and_end_points_and_flags(tmp_path):
 
     opts = SimpleNamespace(output=tmp_path, budget_minutes=25.0, seeds=1, eval_num=512, eval_steps=20)
     console = Console(file=open(tmp_path / "console.txt", "w"), width=400)  # noqa: SIM115
-    results = write_report(opts, records, rows=SimpleNamespace(prompts=[]), console=console)
+    results = write_report(opts, records, rows=SimpleNamespace(prompts=[], metadata=[]), console=console)
     console.file.close()
     report = (tmp_path / "results.md").read_text()
     assert "## Best and end point of each curve (shapes/exact)" in report and text in report
     assert "FLAGGED nft (seed 0): background" in (tmp_path / "console.txt").read_text()
     saved = json.loads((tmp_path / "results.json").read_text())["stability"]
     assert saved == json.loads(json.dumps(results["stability"])) and saved[0]["end_specks"] == 7.94
+
+
+def _meta(*colours: str) -> dict:
+    return {"include": [{"class": "circle", "count": 1, "color": c} for c in colours]}
+
+
+def test_a_colour_collapse_is_flagged_by_paired_per_colour_accuracy():
+    """Eight prompts: four name red (one of them twice: it counts once), two blue (one shared with red), two green,
+    one no colour. The end fails three of the four red prompts the base passed (red turned into another colour) and
+    gains elsewhere; the paired per-colour differences and their standard errors are re-derived by hand below."""
+    metadata = [_meta("red"), _meta("red", "red"), _meta("red", "blue"), _meta("red"), _meta("blue"),
+                _meta("green"), _meta("green"), {"include": [{"class": "square", "count": 2}]}]  # fmt: skip
+    base = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    end = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    colours = {c["colour"]: c for c in colour_accuracy(end, base, metadata)}
+    assert list(colours) == [
+        "red",
+        "blue",
+        "green",
+    ]  # first appearance; the colourless prompt counts for none
+    red = [end[i] - base[i] for i in (0, 1, 2, 3)]  # -1, -1, -1, 0
+    mean = sum(red) / 4
+    se = math.sqrt(sum((d - mean) ** 2 for d in red) / 3 / 4)
+    assert (colours["red"]["n"], colours["red"]["base"], colours["red"]["end"]) == (4, 1.0, 0.25)
+    assert colours["red"]["diff"] == pytest.approx(mean) and colours["red"]["se"] == pytest.approx(se)
+    assert colours["blue"]["diff"] == 0.0  # prompts 2 (-1) and 4 (+1)
+    assert colours["green"]["diff"] == 0.5  # prompts 5 (0) and 6 (+1)
+    records = [
+        {"method": "base", "seed": 0, "steps": 0, "train_minutes": 0.0, "summary": BASE,
+         "per_sample": {"shapes/strict": base}},
+        {**_record("nft", [], (10, 0.25, 0.019, 0.0, 0.815)), "per_sample": {"shapes/strict": end}},
+    ]  # fmt: skip
+    (row,) = stability_rows(records, metadata)
+    # red: -0.75 against 2 x se = 2 x 0.25 = 0.5 -> flagged; blue and green are not below the base
+    assert row["flags"] == [
+        f"colour: red shapes/strict 0.250 < base 1.000 by 0.750 > 2 paired se ({se:.3f}, 4 prompts)"
+    ]
+    assert "- nft (seed 0) strict per colour named, base -> end: red 1.000 -> 0.250" in stability_markdown(
+        [row]
+    )
+    assert stability_rows(records)[0]["flags"] == []  # without the held-out rows' metadata: no colour check

@@ -23,6 +23,7 @@ from sanarl.training.guard import (
     histogram_shift,
     hue_histogram,
     image_guard_stats,
+    is_clean,
     trained_at,
 )
 from sanarl.training.run_folder.checkpoint_store import load_extra, save_checkpoint
@@ -187,6 +188,51 @@ def test_guard_keeps_the_best_checkpoint_and_draws_the_alarm(tmp_path):
     grid = Image.open(tmp_path / "guard" / "alarm_step_00000020.png")
     assert grid.size == (2 * 128, 2 * (128 + 34))  # two columns (the samples), rows best / current
     assert set(guard.samples) == {10, 20}
+
+
+def test_a_validation_is_clean_when_no_rule_is_past_its_margin_from_its_best_so_far():
+    """Extra objects (higher is worse, margin 0.5) 0.3, 0.0, 0.4, 0.9: validation 2 is within the margin of the best
+    so far (0.4 - 0.0 <= 0.5), validation 3 is not (0.9 - 0.0). Brightness (lower is worse, margin 0.1) 0.5, 0.6,
+    0.45, 0.6: validation 2 is 0.15 below the best so far (0.6 at validation 1), validation 3 back at it. Both rules:
+    only validations 0 and 1 are clean. A NaN is not shown worse."""
+    values = {EXTRA.key: [0.3, 0.0, 0.4, 0.9], BRIGHT.key: [0.5, 0.6, 0.45, 0.6]}
+    assert [is_clean(values, [EXTRA], i) for i in range(4)] == [True, True, True, False]
+    assert [is_clean(values, [BRIGHT], i) for i in range(4)] == [True, True, False, True]
+    assert [is_clean(values, [EXTRA, BRIGHT], i) for i in range(4)] == [True, True, False, False]
+    assert is_clean({EXTRA.key: [0.0, math.nan]}, [EXTRA], 1)
+
+
+def test_last_clean_rollback_keeps_and_exports_the_newest_validation_within_every_margin(tmp_path):
+    """The decaying 25-minute NFT curve's specks (0.0, 0.09, 0.35; margin 0.25) with `rollback = "last_clean"`: the
+    guard keeps the base (the specks' best) and the minute-10 validation (clean: 0.09 <= 0.25), fires at minute 15
+    against the base and exports minute 10, where `rollback = "best"` exports the base."""
+    specks = GuardMetricConfig("heldout/shapes/specks", "higher", 0.25)
+    exported = {}
+    for rollback in ("best", "last_clean"):
+        root = tmp_path / rollback
+        guard = Guard(GuardConfig(enable=True, metrics=[specks], action="stop", rollback=rollback), root)
+        decisions = []
+        for step, value in zip([0, 130, 195], [0.0, 0.09, 0.35], strict=True):
+            guard.record_step(max(step, 1), {"reward/mean": 0.6 + 0.001 * step})
+            guard.observe(step, torch.full((2, 3, 8, 8), 0.5), ["a", "b"], {specks.key: value})
+            keep, stop = guard.decide(step)
+            decisions.append((keep, stop))
+            if keep:
+                guard.keep_checkpoint(step, _tensors(float(step)))
+        kept = sorted(p.name for p in (root / "guard").glob("step_*"))
+        exported[rollback] = (decisions, kept, guard.rollback_step(), guard.best_checkpoint())
+    assert exported["best"] == (
+        [(True, False), (False, False), (False, True)],
+        ["step_00000000"],
+        0,
+        tmp_path / "best/guard/step_00000000",
+    )
+    assert exported["last_clean"] == (
+        [(True, False), (True, False), (False, True)],
+        ["step_00000000", "step_00000130"],
+        130,
+        tmp_path / "last_clean/guard/step_00000130",
+    )
 
 
 def _validate(guard: Guard, step: int, extra: float, images: torch.Tensor) -> tuple[bool, bool]:
