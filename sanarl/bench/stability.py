@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from sanarl.bench.curves import full_curve, score
+from sanarl.rewards.summary import paired_delta
 
 STABILITY_KEY = "shapes/exact"
 """The held-out score whose best and end points are compared (exact: strict that also fails extra objects)."""
@@ -109,11 +110,10 @@ def colour_accuracy(
             by_colour.setdefault(colour, []).append(i)
     out = []
     for colour, idx in by_colour.items():
-        diffs = [end[i] - base[i] for i in idx]
-        n, mean = len(diffs), sum(diffs) / len(diffs)
-        var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.nan
-        out.append({"colour": colour, "n": n, "base": sum(base[i] for i in idx) / n,
-                    "end": sum(end[i] for i in idx) / n, "diff": mean, "se": math.sqrt(var / n)})  # fmt: skip
+        before, after = [base[i] for i in idx], [end[i] for i in idx]
+        paired = paired_delta(before, after)
+        out.append({"colour": colour, "n": len(idx), "base": sum(before) / len(idx), "end": sum(after) / len(idx),
+                    "diff": paired["delta"], "se": paired["stderr"]})  # fmt: skip
     return out
 
 

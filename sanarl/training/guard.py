@@ -163,6 +163,11 @@ def best_index(values: Sequence[float], worse: str) -> int | None:
     return min(finite, key=lambda vi: (sign * vi[0], vi[1]))[1]
 
 
+def worse_than_best(series: Sequence[float], i: int, best: int, worse: str) -> float:
+    """How much worse value i is than the best value (positive: worse), in the metric's `worse` direction."""
+    return (series[i] - series[best]) * (1.0 if worse == "higher" else -1.0)
+
+
 def find_alarm(
     steps: Sequence[int],
     values: Mapping[str, Sequence[float]],
@@ -181,8 +186,7 @@ def find_alarm(
         best = best_index(series, rule.worse)
         if best is None or best == last or not math.isfinite(series[last]):
             continue
-        worse_by = (series[last] - series[best]) * (1.0 if rule.worse == "higher" else -1.0)
-        if not worse_by > rule.margin:
+        if not worse_than_best(series, last, best, rule.worse) > rule.margin:
             continue
         now = trained_at(trained, steps, last) if trained is not None else math.nan
         then = trained_at(trained, steps, best) if trained is not None else math.nan
@@ -200,7 +204,7 @@ def is_clean(values: Mapping[str, Sequence[float]], rules: Sequence[GuardMetricC
         best = best_index(series, rule.worse)
         if best is None or not math.isfinite(series[i]):
             continue
-        if (series[i] - series[best]) * (1.0 if rule.worse == "higher" else -1.0) > rule.margin:
+        if worse_than_best(series, i, best, rule.worse) > rule.margin:
             return False
     return True
 
