@@ -32,7 +32,10 @@ TINY_STEPS = [
 def dance_grpo_preset(directory: Path, options: str) -> Path:
     """presets/tiny-video-nft.toml with its `motion` reward replaced by `dance_grpo` (score key overall_reward)."""
     text = (ROOT / "sanarl" / "presets" / "tiny-video-nft.toml").read_text()
-    motion = '[[train.train_policy.remote_reward.reward_fns]]\nname = "motion"\nweight = 1.0\n'
+    motion = (
+        '[[train.train_policy.remote_reward.reward_fns]]\nname = "motion"\nweight = 1.0\n'
+        'score_key = "direction_exact"\n'
+    )
     assert motion in text
     dance = (
         '[[train.train_policy.remote_reward.reward_fns]]\nname = "dance_grpo"\nweight = 1.0\n'

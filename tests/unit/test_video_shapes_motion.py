@@ -100,6 +100,50 @@ def test_motion_reward_is_one_on_ground_truth_and_zero_on_reversed_clips():
     assert still["direction"].max() == 0.0
 
 
+def test_motion_reward_judges_every_frame_as_a_shapes_image_so_texture_and_wrong_colours_show():
+    """`strict`, `background`, `specks`, `entropy`: per-frame shapes-world checks averaged over the frames."""
+    clips, rows = clips_of("train", 6)
+    prompts = [r["prompt"] for r in rows]
+    truth = MotionReward().score(clips, prompts, rows)
+    for key in ("strict", "exact", "exact_partial"):
+        assert truth[key].tolist() == [1.0] * 6, key
+    assert truth["specks"].tolist() == [0.0] * 6
+    assert torch.equal(truth["direction_exact"], truth["direction"])
+    # one isolated off-background pixel in every other frame of clip 0: a speck (below min_blob_area) half the time
+    speckled = clips.clone()
+    corner = torch.tensor([1.0, 0.0, 1.0])  # magenta: far from the background and from every palette colour
+    speckled[0, :, ::2, 0, 0] = corner[:, None]
+    out = MotionReward().score(speckled, prompts, rows)
+    frames = speckled.shape[2]
+    assert out["specks"][0].item() == pytest.approx(0.5)
+    assert out["background"][0].item() == pytest.approx(truth["background"][0].item() - 0.5 / (16 * 16))
+    assert out["direction"][0].item() == pytest.approx(truth["direction"][0].item(), abs=0.01)
+    # a speck is not an object (exact_partial keeps 1) but it is other foreground: direction_exact's "nothing more"
+    # clause fails on the 4 speckled frames, 2 of 3 clauses hold there -> direction x (4 + 4 x 2/3) / 8
+    assert out["exact_partial"][0].item() == 1.0
+    assert out["direction_exact"][0].item() == pytest.approx(out["direction"][0].item() * (4 + 4 * 2 / 3) / 8)
+    # the clip's object recoloured in the last 3 frames (another palette colour): strict holds on 5 of 8 frames
+    row = rows[1]
+    other = next(c for c in world.PALETTE if c != row["include"][0]["color"])
+    recoloured = clips.clone()
+    rgb = torch.tensor(world.PALETTE[other], dtype=torch.float32) / 255.0
+    frames_ = recoloured[1, :, frames - 3 :]
+    background = torch.tensor(world.BACKGROUND, dtype=torch.float32)[:, None, None, None] / 255.0
+    is_object = (frames_ - background).abs().sum(dim=0, keepdim=True) > 0.3
+    recoloured[1, :, frames - 3 :] = torch.where(is_object, rgb[:, None, None, None], frames_)
+    changed = MotionReward().score(recoloured, prompts, rows)
+    assert changed["strict"][1].item() == pytest.approx(5 / 8)
+    assert changed["exact"][1].item() == pytest.approx(5 / 8)
+    # a recoloured frame: of GenEval's clauses "one <shape>" holds and "<colour>" fails, "nothing more" holds -> 2/3
+    assert changed["exact_partial"][1].item() == pytest.approx((5 * 1.0 + 3 * 2 / 3) / 8)
+    assert changed["direction_exact"][1].item() == pytest.approx(changed["direction"][1].item() * 7 / 8)
+    # a row with a `motion` field but no object, on a caption outside the motion grammar: strict is NaN, the rest not
+    bare = MotionReward().score(clips[:1], ["something moving"], [{"motion": rows[0]["motion"]}])
+    for key in ("strict", "exact", "exact_partial", "direction_exact"):
+        assert torch.isnan(bare[key]).all(), key
+    assert bare["direction"].item() > 0.99 and bare["specks"].item() == 0.0
+
+
 def test_motion_reward_marks_non_finite_clips_nan_and_rejects_bad_input():
     clips, rows = clips_of("test", 2)
     clips[1, 0, 3, 2, 2] = float("nan")
