@@ -30,6 +30,8 @@ SPECKS_MARGIN = 0.1
 BACKGROUND_MARGIN = 0.01
 """How far the end's background fraction may be from the base's, either way."""
 SPECKS, BACKGROUND = "stats/num_specks", "stats/background_fraction"
+STRICT = "shapes/strict"
+"""The per-sample score the colour check compares, paired with the base's."""
 
 
 def stderr_of(summary: dict[str, Any], key: str) -> float:
@@ -99,7 +101,7 @@ def stability_flags(s: dict[str, Any]) -> list[str]:
 
 
 def colour_accuracy(
-    end: list[float], base: list[float], metadata: list[dict[str, Any]], key: str = "shapes/strict"
+    end: list[float], base: list[float], metadata: list[dict[str, Any]], key: str = STRICT
 ) -> list[dict[str, Any]]:
     """Per palette colour named by the held-out prompts (`metadata[i]["include"][j]["color"]`): the samples whose
     prompt names it, the base's and the end's mean per-sample `key` on them, their paired difference and its
@@ -117,7 +119,7 @@ def colour_accuracy(
     return out
 
 
-def colour_flags(colours: list[dict[str, Any]], key: str = "shapes/strict") -> list[str]:
+def colour_flags(colours: list[dict[str, Any]], key: str = STRICT) -> list[str]:
     """A `colour` flag per colour whose end is below the base by more than SE_FLAG paired standard errors."""
     return [
         f"colour: {c['colour']} {key} {c['end']:.3f} < base {c['base']:.3f} by {-c['diff']:.3f} > {SE_FLAG:g} "
@@ -138,16 +140,15 @@ def stability_rows(
         if r["method"] == "base":
             continue
         found = curve_stability(full_curve(r, base), base["summary"] if base is not None else None)
-        key = "shapes/strict"
         paired = (
             base is not None
             and metadata
-            and key in r.get("per_sample", {})
-            and key in base.get("per_sample", {})
+            and STRICT in r.get("per_sample", {})
+            and STRICT in base.get("per_sample", {})
         )
         if paired:
-            found["colours"] = colour_accuracy(r["per_sample"][key], base["per_sample"][key], metadata, key)
-            found["flags"] += colour_flags(found["colours"], key)
+            found["colours"] = colour_accuracy(r["per_sample"][STRICT], base["per_sample"][STRICT], metadata)
+            found["flags"] += colour_flags(found["colours"])
         rows.append({"method": r["method"], "seed": r["seed"], **found})
     return rows
 

@@ -101,7 +101,8 @@ def test_motion_reward_is_one_on_ground_truth_and_zero_on_reversed_clips():
 
 
 def test_motion_reward_judges_every_frame_as_a_shapes_image_so_texture_and_wrong_colours_show():
-    """`strict`, `background`, `specks`, `entropy`: per-frame shapes-world checks averaged over the frames."""
+    """`strict`, `exact`, `exact_partial`, `background`, `specks`, `entropy`: per-frame shapes-world checks averaged
+    over the frames; `direction_exact`: the direction times the frames' credit of "the named object, nothing else"."""
     clips, rows = clips_of("train", 6)
     prompts = [r["prompt"] for r in rows]
     truth = MotionReward().score(clips, prompts, rows)
