@@ -24,7 +24,7 @@ import torch
 from sanarl.core.advantages import nan_mask
 from sanarl.errors import ConfigError, UserError
 from sanarl.rewards.base import Reward, check_batch, check_images
-from sanarl.rewards.registry import ENTRY_KEY, build_reward
+from sanarl.rewards.registry import ENTRY_KEY, build_reward, resolve_score_key
 from sanarl.rewards.video import frames_as_images, score_video
 
 if TYPE_CHECKING:  # rewards do not import the config package at run time
@@ -252,18 +252,6 @@ def _report_nan(
     )
 
 
-def _resolve_key(index: int, name: str, score_key: str, reward: Reward) -> str:
-    """The key entry `index` reads from `reward`: `score_key`, or the reward's default key when empty."""
-    key = score_key or reward.default_key
-    if key not in reward.keys:
-        raise ConfigError(
-            f"`{ENTRY_KEY}[{index}]` (name = {name!r}) has score_key = {key!r}, which reward {name!r} does not "
-            f"return; available keys: {list(reward.keys)}. Set score_key to one of them (empty = "
-            f"{reward.default_key!r})."
-        )
-    return key
-
-
 def _check_names(config: RemoteRewardConfig, options: Mapping[str, Any]) -> list[str]:
     names = [fn.name for fn in config.reward_fns]
     if not names:
@@ -313,7 +301,7 @@ class RewardFunction:
                 if check is not None:  # missing weights stop the run here, before any rollout (VLM rewards)
                     check()
             self.rewards[fn.name] = reward
-            self.keys[fn.name] = _resolve_key(i, fn.name, fn.score_key, reward)
+            self.keys[fn.name] = resolve_score_key(i, fn.name, fn.score_key, reward)
         self.names: tuple[str, ...] = tuple(names)
 
     @classmethod

@@ -107,6 +107,19 @@ def known_rewards() -> list[str]:
         return sorted({*_eager, *_lazy})
 
 
+def resolve_score_key(index: int, name: str, score_key: str, reward: Reward) -> str:
+    """The key entry `index` of `ENTRY_KEY` reads from `reward`: `score_key`, or the reward's default key when
+    empty; a key the reward does not return is a ConfigError listing the ones it does."""
+    key = score_key or reward.default_key
+    if key not in reward.keys:
+        raise ConfigError(
+            f"`{ENTRY_KEY}[{index}]` (name = {name!r}) has score_key = {key!r}, which reward {name!r} does not "
+            f"return; available keys: {list(reward.keys)}. Set score_key to one of them (empty = "
+            f"{reward.default_key!r})."
+        )
+    return key
+
+
 def _unknown(name: Any) -> ConfigError:
     known = known_rewards()
     close = difflib.get_close_matches(str(name), known, n=1)

@@ -15,7 +15,7 @@ from sanarl.config.cosmos.drop_in import reward_lines
 from sanarl.config.schema import Config
 from sanarl.errors import ConfigError, DataError
 from sanarl.rewards.base import Reward, RewardInputError
-from sanarl.rewards.registry import build_reward, known_rewards
+from sanarl.rewards.registry import build_reward, known_rewards, resolve_score_key
 
 MAX_CHECKED_ITEMS = 4096
 """Training items read at most (a procedural or very large set is checked on its first items; a later bad item
@@ -71,7 +71,8 @@ def check_reward_prompts(cfg: Config, plugin: Any) -> None:
 
 
 def check_reward_names(cfg: Config) -> list[str]:
-    """Each reward of the run is scored in-process (its name is in the registry and it builds with its options) or
+    """Each reward of the run is scored in-process (its name is in the registry, it builds with its options and
+    returns its `score_key`) or
     on the reward service (the registry's names, or Cosmos-RL's service names, see `drop_in.reward_lines`);
     anything else fails here, before weights load (the service itself is asked by
     `sanarl.training.preflight`). Returns the lines to print."""
@@ -84,10 +85,11 @@ def check_reward_names(cfg: Config) -> list[str]:
         raise ConfigError(
             f"{err}. (`train.train_policy.remote_reward.reward_fns`; docs/cosmos-rl.md)"
         ) from None
-    for fn in fns:
-        # ConfigError for an unknown name (listing the known ones) or options the reward does not take
-        if not remote and (fn.name not in known_rewards() or fn.options):
-            build_reward(fn.name, **fn.options)
+    for index, fn in enumerate(fns):
+        # ConfigError for an unknown name (listing the known ones), options the reward does not take or a
+        # score_key it does not return (building a reward loads no weights; the service checks its own keys)
+        if not remote and (fn.name not in known_rewards() or fn.options or fn.score_key):
+            resolve_score_key(index, fn.name, fn.score_key, build_reward(fn.name, **fn.options))
     for name in cfg.validation.held_out_rewards:
         if name not in known_rewards():
             build_reward(name)

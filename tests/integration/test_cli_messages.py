@@ -1,7 +1,7 @@
 """The CLI's messages as a user meets them (`python -m sanarl ...` in a subprocess): Typer's own usage errors are
 one `error:` line with exit code 2 like sanarl's, the help names its placeholders (PRESET, PLUGIN, KEY=VALUE),
 every flag has one spelling and a help text, the eval split typo names the flag that fixes it, and `validate`
-does not claim HF_HUB_OFFLINE is set when it is not."""
+does not claim HF_HUB_OFFLINE is set when it is not and refuses a score_key the reward does not return."""
 
 from __future__ import annotations
 
@@ -76,6 +76,25 @@ def test_validate_does_not_claim_hf_hub_offline_when_it_is_not_set(tmp_path):
         "warning: reward 'aesthetic': weights not found on this machine, so the run downloads Hub ids" in said
     )
     assert "this check does not download" in said and "HF_HUB_OFFLINE is set" not in said
+
+
+@pytest.mark.parametrize(
+    ("preset", "typo", "available"),
+    [("tiny-shapes-nft", "exact_partal", "'exact_partial'"),
+     ("tiny-video-nft", "direction_exakt", "'direction_exact'")],
+)  # fmt: skip
+def test_validate_refuses_a_score_key_the_reward_does_not_return(tmp_path, preset, typo, available):
+    """`validate` says what training says (exit 2, the entry, the key and the keys the reward returns) for a
+    score_key typo; it used to print "valid" and leave the refusal to the run."""
+    key = "train.train_policy.remote_reward.reward_fns.0.score_key"
+    done = sanarl(
+        tmp_path, "validate", "--config", preset, "sanarl.datasets.shapes", "--set", f"{key}={typo}"
+    )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stdout
+    assert "reward_fns[0]` (name = " in said and f"has score_key = {typo!r}" in said
+    assert "available keys: [" in said and available in said
+    assert "valid" not in done.stdout
 
 
 def test_docs_plugins_md_a_module_in_the_current_directory_needs_a_path_or_pythonpath(tmp_path):
