@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import UserError
-from sanarl.rewards.base import Reward
+from sanarl.rewards.base import Reward, from_uint8
 from sanarl.rewards.video import frames_as_images, reduce_frames
 
 log = logging.getLogger("reward_service.batch_scoring")
@@ -68,19 +68,19 @@ def is_whole_clip(reward: Reward, task: Task) -> bool:
 
 
 def frames_of(task: Task, whole_clips: bool = False) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
-    """Float frames `[N, 3, H, W]` in [0, 1] with their prompts and metadata (N = B, or B * T' for videos, T' =
+    """uint8 frames `[N, 3, H, W]` with their prompts and metadata (N = B, or B * T' for videos, T' =
     ceil(T / stride) frames per clip, clip-major); with `whole_clips`, the clips `[B, 3, T, H, W]` themselves."""
     array, header = task.array, task.header
     prompts, meta = header["prompts"], header["metadata"]
     if whole_clips:
-        return torch.from_numpy(array).float().div_(255.0), list(prompts), list(meta)
+        return torch.from_numpy(array), list(prompts), list(meta)
     if header["media_type"] == "video":
         pixels, per_clip = frames_as_images(torch.from_numpy(array), task.stride)
         prompts = [p for p in prompts for _ in range(per_clip)]
         meta = [m for m in meta for _ in range(per_clip)]
     else:
         pixels = torch.from_numpy(array).permute(0, 3, 1, 2)
-    return pixels.float().div_(255.0), list(prompts), list(meta)
+    return pixels, list(prompts), list(meta)
 
 
 def score_tasks(reward: Reward, tasks: list[Task]) -> dict[str, Outcome]:
@@ -128,7 +128,9 @@ def _describe(reward: Reward, exc: Exception) -> str:
 def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
     """One `reward.score` call over every task of `group` (frames of equal size)."""
     parts = [frames_of(task, is_whole_clip(reward, task)) for task in group]
-    images = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    images = from_uint8(
+        torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    )  # x / 255, checked
     prompts = [p for part in parts for p in part[1]]
     metadata = [m for part in parts for m in part[2]]
     start = time.perf_counter()

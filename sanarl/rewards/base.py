@@ -66,6 +66,15 @@ def _remember(images: torch.Tensor, finite: bool) -> torch.Tensor:
     return images
 
 
+def from_uint8(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels (any layout) -> float32 `x / 255`. Every value is finite and in [0, 1] by construction, so the
+    result is remembered as checked: `check_images` and `Reward.score`'s finiteness test take it without reading
+    the pixels again (until it is written in place). The reward service's worker decodes its requests with it."""
+    if pixels.dtype != torch.uint8:
+        raise TypeError(f"from_uint8 takes a uint8 tensor, got {pixels.dtype}.")
+    return _remember(pixels.float().div_(255.0), True)
+
+
 def _known_finite(images: torch.Tensor) -> bool | None:
     """Whether every pixel of `images` is finite, when `check_images` returned this very tensor unchanged since
     (same object, same version counter: in-place writes bump it); None when it did not."""

@@ -170,6 +170,26 @@ def test_a_checked_batch_is_not_read_again_until_it_changes(monkeypatch) -> None
         base.check_images(images, "t")
 
 
+def test_pixels_decoded_from_uint8_are_scored_without_a_range_pass(monkeypatch) -> None:
+    """from_uint8 (the reward service worker's decode) is x / 255 to the bit, and in [0, 1] by construction: the
+    reward's check and finiteness test do not read it; a write into it makes the next check read it again."""
+    from sanarl.rewards import base
+
+    pixels = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
+    passes = []
+    real = torch.Tensor.aminmax
+    monkeypatch.setattr(torch.Tensor, "aminmax", lambda self, **kw: passes.append(1) or real(self, **kw))
+    images = base.from_uint8(pixels)
+    assert torch.equal(images, pixels.to(torch.float32) / 255.0) and images.dtype == torch.float32
+    assert base.check_images(images, "t") is images and not passes
+    assert not torch.isnan(TableReward().score(images, ["x", "y"])["a"]).any() and not passes
+    images[0, 0, 0, 0] = 2.0
+    with pytest.raises(RewardInputError, match=r"got values in \[.*, 2\]"):
+        base.check_images(images, "t")
+    with pytest.raises(TypeError, match="uint8"):
+        base.from_uint8(images)
+
+
 def test_reward_function_scores_non_finite_samples_as_dropped_after_its_own_check() -> None:
     fn = RewardFunction(reward_config(RewardFnConfig(name="jpeg_compressibility")))
     images = torch.rand(3, 3, 16, 16)
