@@ -128,9 +128,8 @@ def _describe(reward: Reward, exc: Exception) -> str:
 def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
     """One `reward.score` call over every task of `group` (frames of equal size)."""
     parts = [frames_of(task, is_whole_clip(reward, task)) for task in group]
-    images = from_uint8(
-        torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-    )  # x / 255, checked
+    pixels = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    images = from_uint8(pixels)  # x / 255, known in [0, 1]: the reward's range check does not read it again
     prompts = [p for part in parts for p in part[1]]
     metadata = [m for part in parts for m in part[2]]
     start = time.perf_counter()
