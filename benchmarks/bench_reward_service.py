@@ -113,8 +113,15 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             process.terminate()
             process.wait(timeout=60)
-    print(environment())
+    print(f"{environment()}, redis-py reply parser: {_reply_parser()}")
     report(samples, args.images, args.size)
+
+
+def _reply_parser() -> str:
+    """Which parser reads Redis' replies: hiredis (C) when installed, else redis-py's pure-Python one."""
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return "hiredis" if HIREDIS_AVAILABLE else "pure Python (hiredis not installed)"
 
 
 if __name__ == "__main__":

@@ -32,8 +32,6 @@ REWARDS_CACHE_S = 2.0
 """How long the set of rewards served anywhere is cached for the enqueue check."""
 LIVE_CACHE_S = 1.0
 """How long the set of rewards some live worker hosts is cached for the enqueue check (a miss re-reads it)."""
-SIGN_INLINE_BYTES = 8 * 1024 * 1024
-"""Pixels above this size are hashed for the task signature off the event loop (SHA-256 runs at ~1 GB/s)."""
 MEMORY_CACHE_S = 0.2
 """How long Redis' used memory is cached for the max_queue_bytes check."""
 
@@ -135,8 +133,9 @@ class AsyncBroker:
                 "workers; retry later."
             )
 
-    async def enqueue(self, request: EnqueueRequest, digest: str) -> str:
-        """Queue one task per reward; returns the uuid (the existing one for a repeated request id).
+    async def enqueue(self, request: EnqueueRequest, pixels: bytes, digest: str) -> str:
+        """Queue one task per reward; returns the uuid (the existing one for a repeated request id). `pixels` is
+        `signing.pixels_digest` of the npy, `digest` the request id's `signing.body_digest` ('' without an id).
 
         Raises QueueFull (429) or RequestIdConflict (409)."""
         await self._check_memory()
@@ -144,10 +143,7 @@ class AsyncBroker:
         rid_key = self.keys.request_id(request.request_id or "-")
         header = request.header
         header_json = json.dumps(header, separators=(",", ":")).encode()
-        if len(request.npy) > SIGN_INLINE_BYTES:
-            signature = await asyncio.to_thread(task_signature, self.key, task_uuid, header_json, request.npy)
-        else:
-            signature = task_signature(self.key, task_uuid, header_json, request.npy)
+        signature = task_signature(self.key, task_uuid, header_json, pixels)
         out = await self.scripts.enqueue(
             keys=[self.keys.task(task_uuid), self.keys.blob(task_uuid), rid_key, self.keys.pending],
             args=[

@@ -48,10 +48,22 @@ def open_result(key: bytes, task_uuid: str, reward: str, stored: bytes) -> dict[
     return json.loads(message)
 
 
-def task_signature(key: bytes, task_uuid: str, header: bytes, npy: bytes) -> str:
-    """The MAC of a queued request as the API stored it (its header JSON and pixels): workers score a task only
-    when it checks out, so pixels or prompts changed in Redis after enqueue are never scored."""
-    message = f"task {task_uuid}\n".encode() + hashlib.sha256(header).digest() + hashlib.sha256(npy).digest()
+def pixels_digest(npy: bytes) -> bytes:
+    """SHA-256 of a request's npy bytes: hashed once per enqueue (the task signature and the request id's body
+    digest both take it) and once by the worker that checks the signature."""
+    return hashlib.sha256(npy).digest()
+
+
+def body_digest(json_line: bytes, pixels: bytes) -> str:
+    """What a request id remembers of its body: SHA-256 over the JSON line and `pixels_digest` of the npy (a
+    reused id with other prompts or pixels is a conflict), without hashing the pixels a second time."""
+    return hashlib.sha256(json_line + pixels).hexdigest()
+
+
+def task_signature(key: bytes, task_uuid: str, header: bytes, pixels: bytes) -> str:
+    """The MAC of a queued request as the API stored it (its header JSON and `pixels_digest` of its npy): workers
+    score a task only when it checks out, so pixels or prompts changed in Redis after enqueue are never scored."""
+    message = f"task {task_uuid}\n".encode() + hashlib.sha256(header).digest() + pixels
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 

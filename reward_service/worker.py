@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import uuid as uuidlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -40,7 +41,7 @@ from reward_service.batch_scoring import Outcome, Task, score_tasks
 from reward_service.config import ServiceConfig, load_service_config
 from reward_service.keys import WAKE_CAP, Keys, split_item
 from reward_service.lua import Scripts
-from reward_service.signing import genuine, result_key, sign, task_signature
+from reward_service.signing import genuine, pixels_digest, result_key, sign, task_signature
 from reward_service.wire_format import decode_array
 from sanarl.errors import ConfigError, UserError
 
@@ -192,6 +193,7 @@ class Worker:
             }
         )
         self._next_reap = 0.0
+        self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pixels-digest")
 
     # --- registration and heartbeat ---------------------------------------------------------------------------
     def beat(self) -> None:
@@ -303,10 +305,19 @@ class Worker:
         return worked
 
     def process(self, name: str, now: float, rows: list[tuple]) -> None:
-        """Score the live tasks of `rows` (as `_load` returns them), then finish every one."""
+        """Score the live tasks of `rows` (as `_load` returns them), then finish every one.
+
+        The signature check hashes the pixels on a second thread while the batch is scored (hashlib releases the
+        GIL); a task whose check fails gets the signature failure in place of its score, which is never stored."""
+        digests = {row[0]: self._hashing.submit(pixels_digest, row[4]) for row in rows if row[4] is not None}
         tasks, finished = self._tasks(name, now, rows)
         if tasks:
             finished.update(score_tasks(self.rewards[name], tasks))
+        for item, header, _, _, _, _, signature in rows:
+            if finished.get(item) is not None:
+                task_uuid = split_item(item)[1]
+                if not _signed_by_api(self.key, task_uuid, header, digests[item].result(), signature):
+                    finished[item] = _refused(name, task_uuid)
         pipe = self.client.pipeline(transaction=False)
         signed = {item: self._signed(name, item, outcome) for item, outcome in finished.items()}
         for item, (message, status, seconds) in signed.items():
@@ -358,23 +369,16 @@ class Worker:
     ) -> tuple[list[Task], dict[str, Outcome | None]]:
         """Tasks to score, and the items settled without scoring: None = drop (finished elsewhere, or the request
         expired), else the failure (deadline passed, pixels unreadable). A stored result this service did not sign
-        does not count as finished: the task is scored and the result replaces it."""
+        does not count as finished: the task is scored and the result replaces it. The request's signature is
+        checked by `process`."""
         tasks: list[Task] = []
         settled: dict[str, Outcome | None] = {}
         deadline = self.config.limits.task_deadline_s
-        for item, header, created, attempts, blob, stored, signature in rows:
+        for item, header, created, attempts, blob, stored, _ in rows:
             task_uuid = split_item(item)[1]
             done = stored is not None and genuine(self.key, task_uuid, name, stored)
             if done or header is None or blob is None:
                 settled[item] = None
-            elif not _signed_by_api(self.key, task_uuid, header, blob, signature):
-                log.error("task %s (%s): its stored prompts / pixels fail their signature check; refused", task_uuid,
-                          name)  # fmt: skip
-                settled[item] = Outcome(
-                    error=f"reward {name!r}: the request's stored data (prompts, pixels) fails its signature check: "
-                    "it was changed in Redis after enqueue, so it is not scored. Check who can write to the "
-                    "service's Redis."
-                )
             elif now - float(created) > deadline:
                 error = (
                     f"reward {name!r}: no worker took this task within limits.task_deadline_s = {deadline:g} s "
@@ -443,10 +447,22 @@ def _row(raw: list) -> tuple:
     return item.decode(), header, created, attempts, blob, stored, signature
 
 
-def _signed_by_api(key: bytes, task_uuid: str, header: bytes, blob: bytes, signature: bytes | None) -> bool:
-    """True when the task's header and pixels are those the API signed at enqueue."""
-    expected = task_signature(key, task_uuid, header, blob).encode()
+def _signed_by_api(key: bytes, task_uuid: str, header: bytes, pixels: bytes, signature: bytes | None) -> bool:
+    """True when the task's header and pixels (`pixels`: their `signing.pixels_digest`) are those the API signed
+    at enqueue."""
+    expected = task_signature(key, task_uuid, header, pixels).encode()
     return signature is not None and hmac.compare_digest(signature, expected)
+
+
+def _refused(name: str, task_uuid: str) -> Outcome:
+    """The failure of a task whose stored prompts or pixels fail their signature check (logged)."""
+    log.error(
+        "task %s (%s): its stored prompts / pixels fail their signature check; refused", task_uuid, name
+    )
+    return Outcome(
+        error=f"reward {name!r}: the request's stored data (prompts, pixels) fails its signature check: it was "
+        "changed in Redis after enqueue, so no score of it is stored. Check who can write to the service's Redis."
+    )
 
 
 def _hosted(config: ServiceConfig, group: str) -> tuple[list[str], str, int]:

@@ -35,7 +35,7 @@ from reward_service.broker import AsyncBroker, QueueFull
 from reward_service.config import LimitsConfig, WorkersConfig, loads_service_config
 from reward_service.keys import Keys, queue_item
 from reward_service.lua import Scripts
-from reward_service.signing import open_result, result_key
+from reward_service.signing import open_result, pixels_digest, result_key
 from reward_service.wire_format import parse_enqueue
 from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
@@ -351,6 +351,11 @@ def test_enqueue_is_idempotent_by_request_id(svc):
     assert first == second and pending(svc) == before + 1
     status, answer = svc.a.enqueue(body(images(2, 8, seed=4), {"slow_mean": 1.0}, request_id="trainer-42"))
     assert status == 409 and answer["uuid"] == first
+    same_pixels = body(
+        images(2, 8, seed=3), {"slow_mean": 1.0}, metadata={"sleep": 0.4}, request_id="trainer-42"
+    )
+    status, answer = svc.a.enqueue(same_pixels)  # other prompts / metadata under the same id: also a conflict
+    assert status == 409 and answer["uuid"] == first
     status, answer = svc.a.result(first, "slow_mean")
     assert status == 200 and answer["attempts"] == 1
 
@@ -499,9 +504,10 @@ def test_a_forged_result_written_into_redis_is_never_served(svc):
     )  # the worker's notice when it replaced it
 
 
-def test_pixels_changed_in_redis_after_enqueue_are_never_scored(svc):
+def test_pixels_changed_in_redis_after_enqueue_never_get_a_score(svc):
     """The API signs each request's header and pixels; a writer with Redis access who swaps the pixels of a queued
-    task (to make a worker sign a score of its choosing) gets the task failed, not scored."""
+    task (to make a worker sign a score of its choosing) gets the task failed: the worker checks the signature
+    while it scores the batch and stores the failure, never the score."""
     blockers = occupy_both_workers(svc, sleep=2.0)
     pixels = images(1, 8, seed=32)
     uuid = enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0}))
@@ -565,7 +571,7 @@ def test_memory_back_pressure_refuses_before_writing(svc):
                 WorkersConfig(),
                 key=result_key(TOKEN),
             )
-            await broker.enqueue(parsed, "")
+            await broker.enqueue(parsed, pixels_digest(parsed.npy), "")
         finally:
             await client.aclose()
 
