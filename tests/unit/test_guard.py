@@ -384,7 +384,7 @@ def test_the_shipped_guards_fire_on_the_decaying_nft_curve_at_15_minutes_not_bef
     """The 25-minute tiny-shapes-nft run that decayed (specks and background per 512 held-out samples at minutes
     0, 10, 15, 20, 25; 13 steps a minute) replayed through the shipped guard presets' rules with a rising trained
     reward: at minute 10 every metric is within its margin (specks 0.09 <= 0.25, background 0.815 -> 0.806: 0.009 <=
-    0.015, extra -0.04 -> +0.04: 0.08 <= 0.3); at minute 15 specks 0.35 exceed the base's 0.0 by more than 0.25 and
+    0.03, extra -0.04 -> +0.04: 0.08 <= 0.3); at minute 15 specks 0.35 exceed the base's 0.0 by more than 0.25 and
     the alarm fires there, against the base. Entropy is known at the base and the end only (1.37 -> 2.65), the colour
     shift not at all: NaN where unknown, which no rule reads."""
     from sanarl.config.presets import resolve_preset_path
@@ -408,15 +408,13 @@ def test_the_shipped_guards_fire_on_the_decaying_nft_curve_at_15_minutes_not_bef
         fired.append(None if alarm is None else (alarm.key, alarm.best_step, alarm.value))
     assert fired[0] is None  # minute 10
     assert fired[1] == ("heldout/shapes/specks", 0, 0.35)  # minute 15
-    # without the specks rule, the background (0.820 best at minute 15, 0.798 at 20: 0.022 > 0.015) fires at 20
+    # the background's fall (0.820 best at minute 15, 0.790 at 25: 0.030) stays within its margin (0.03, above the
+    # transient dips of up to 0.028 that healthy 30-minute runs come back from), so without the specks rule the
+    # entropy rule is the one that fires, at minute 25
     rest = [r for r in cfg.metrics if r.key != "heldout/shapes/specks"]
-    alarm = find_alarm(steps[:4], {k: v[:4] for k, v in values.items()}, rest, trained)
-    assert (alarm.key, alarm.best_step, alarm.best, alarm.value) == (
-        "heldout/shapes/background",
-        195,
-        0.820,
-        0.798,
-    )
+    assert find_alarm(steps[:4], {k: v[:4] for k, v in values.items()}, rest, trained) is None
+    alarm = find_alarm(steps, values, rest, trained)
+    assert (alarm.key, alarm.best_step, alarm.step) == ("heldout/image/entropy", 0, 325)
     # and the entropy rule alone at minute 25: 2.65 - 1.37 = 1.28 bits > 0.5
     entropy = [r for r in cfg.metrics if r.key == "heldout/image/entropy"]
     assert find_alarm(steps, values, entropy, trained).worsening == pytest.approx(1.28)
