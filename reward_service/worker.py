@@ -386,18 +386,25 @@ class Worker:
                 )
                 settled[item] = Outcome(error=error)
             else:
-                header = json.loads(header)
                 try:
-                    array = decode_array(blob, header["shape"])
-                except ValueError as exc:
-                    settled[item] = Outcome(error=f"reward {name!r}: stored pixels unreadable: {exc}")
-                    continue
-                stride, reduction = self.frames[name]
-                frames = header.get("frames", {}).get(name, {})
-                stride = frames.get("video_frame_stride", stride)
-                reduction = frames.get("video_frame_reduction", reduction)
-                tasks.append(Task(item, header, array, int(attempts or 0), stride, reduction))
+                    tasks.append(self._task(name, item, header, attempts, blob))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    settled[item] = Outcome(error=f"reward {name!r}: stored task unreadable: {exc!r}")
         return tasks, settled
+
+    def _task(self, name: str, item: str, header: bytes, attempts: bytes | None, blob: bytes) -> Task:
+        """The Task of one row's stored header and pixels. Raises ValueError, KeyError, TypeError or AttributeError
+        where they are unreadable: the signature is not checked yet (`process` does, while scoring), so this reads
+        data that may have been changed in Redis and must fail as a task, never stop the worker."""
+        meta = json.loads(header)
+        array = decode_array(blob, meta["shape"])
+        if meta["media_type"] not in ("image", "video") or not isinstance(meta["prompts"], list):
+            raise ValueError(f"media_type {meta['media_type']!r} or prompts are not what the API stores")
+        stride, reduction = self.frames[name]
+        frames = meta.get("frames", {}).get(name, {})
+        stride = frames.get("video_frame_stride", stride)
+        reduction = frames.get("video_frame_reduction", reduction)
+        return Task(item, meta, array, int(attempts or 0), stride, reduction)
 
     def _signed(self, name: str, item: str, outcome: Outcome | None) -> tuple[str, str, float]:
         """(signed stored value, status, scoring seconds) of an outcome; ("", "", 0) = only drop the item."""

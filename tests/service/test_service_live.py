@@ -520,6 +520,26 @@ def test_pixels_changed_in_redis_after_enqueue_never_get_a_score(svc):
         assert svc.a.result(blocker, "slow_mean")[0] == 200
 
 
+@pytest.mark.parametrize(
+    "header", [b"not json", b'{"shape": [1, 8, 8, 3]}'], ids=["not-json", "no-media-type"]
+)
+def test_a_header_changed_in_redis_fails_its_task_and_the_workers_go_on(svc, header):
+    """The worker reads a task's header before its signature is checked (the check runs beside the scoring): a
+    header a Redis writer replaced with something unreadable fails that task with the signature failure and the
+    workers keep scoring the next requests."""
+    blockers = occupy_both_workers(svc, sleep=1.0)
+    uuid = enqueue_ok(svc.a, body(images(1, 8, seed=33), {"slow_mean": 1.0}))
+    assert svc.redis.hset(f"{PREFIX}task:{uuid}", "header", header) == 0  # replaced, not added
+    status, answer = svc.a.result(uuid, "slow_mean")
+    assert status == 500 and "fails its signature check" in answer["error"] and "scores" not in answer
+    for blocker in blockers:
+        assert svc.a.result(blocker, "slow_mean")[0] == 200
+    pixels = images(2, 8, seed=34)
+    status, answer = svc.a.result(enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0})), "slow_mean")
+    assert status == 200
+    assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
+
+
 def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     """Lua REAP on the real Redis (separate key prefix, no worker serves it): requeue, count, fail at max."""
     config = loads_service_config(
