@@ -18,9 +18,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError, ResponseError
+
 from reward_service.config import LimitsConfig, WorkersConfig
 from reward_service.keys import WAKE_CAP, Keys, queue_item, split_item
-from reward_service.lua import Scripts
+from reward_service.lua import Scripts, aexecute, queue_script
 from reward_service.signing import ForgedResult, open_result, sign, task_signature
 from reward_service.wire_format import EnqueueRequest
 
@@ -137,30 +139,10 @@ class AsyncBroker:
         """Queue one task per reward; returns the uuid (the existing one for a repeated request id). `pixels` is
         `signing.pixels_digest` of the npy, `digest` the request id's `signing.body_digest` ('' without an id).
 
-        Raises QueueFull (429) or RequestIdConflict (409)."""
+        Raises QueueFull (429), RequestIdConflict (409) or RedisError (503)."""
         await self._check_memory()
         task_uuid = str(uuidlib.uuid4())
-        rid_key = self.keys.request_id(request.request_id or "-")
-        header = request.header
-        header_json = json.dumps(header, separators=(",", ":")).encode()
-        signature = task_signature(self.key, task_uuid, header_json, pixels)
-        out = await self.scripts.enqueue(
-            keys=[self.keys.task(task_uuid), self.keys.blob(task_uuid), rid_key, self.keys.pending],
-            args=[
-                task_uuid,
-                header_json,
-                request.npy,
-                task_count(header),
-                self.limits.max_pending_tasks,
-                self.ttl,
-                digest if request.request_id else "",
-                self.keys.prefix,
-                json.dumps(list(request.rewards)),
-                WAKE_CAP,
-                signature,
-            ],
-        )
-        kind, value = out[0].decode(), out[1].decode()
+        kind, value = await self._queue(task_uuid, request, pixels, digest)
         if kind == "full":
             raise QueueFull(
                 f"the queue is full ({value} of limits.max_pending_tasks = {self.limits.max_pending_tasks} tasks "
@@ -171,7 +153,46 @@ class AsyncBroker:
             if old_digest != digest:
                 raise RequestIdConflict(existing)
             return existing
+        if kind == "lost":
+            raise RedisError("Redis did not keep the request's pixels (its SET failed)")
         return value
+
+    async def _queue(
+        self, task_uuid: str, request: EnqueueRequest, pixels: bytes, digest: str
+    ) -> tuple[str, str]:
+        """Store the pixels with a plain SET, then run lua.ENQUEUE on them in the same round trip; its answer."""
+        header_json = json.dumps(request.header, separators=(",", ":")).encode()
+        blob = self.keys.blob(task_uuid)
+        keys = [
+            self.keys.task(task_uuid),
+            blob,
+            self.keys.request_id(request.request_id or "-"),
+            self.keys.pending,
+        ]
+        args = [
+            task_uuid,
+            header_json,
+            task_count(request.header),
+            self.limits.max_pending_tasks,
+            self.ttl,
+            digest if request.request_id else "",
+            self.keys.prefix,
+            json.dumps(list(request.rewards)),
+            WAKE_CAP,
+            task_signature(self.key, task_uuid, header_json, pixels),
+        ]
+
+        def build(pipe: Any) -> None:
+            pipe.set(blob, request.npy, ex=self.ttl)
+            queue_script(pipe, self.scripts.enqueue, keys, args)
+
+        try:
+            _, out = await aexecute(self.client, self.scripts, build)
+        except ResponseError:  # refused (e.g. Redis out of memory): drop the pixels, then answer 503
+            with contextlib.suppress(RedisError):
+                await self.client.delete(blob)
+            raise
+        return out[0].decode(), out[1].decode()
 
     async def state(self, task_uuid: str, reward: str) -> Answer:
         """The answer to a pull right now (done 200, failed 500, unknown 404, pending PENDING_STATUS)."""

@@ -11,8 +11,11 @@ is fine on one Redis server (Redis Cluster is not supported).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 _NOW = """
 local function now()
@@ -25,29 +28,38 @@ ENQUEUE = (
     _NOW
     + """
 -- KEYS: task, blob, rid, pending
--- ARGV: uuid, header, npy, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap,
+-- ARGV: uuid, header, n, max_pending, ttl, digest ('' = no request id), prefix, rewards (JSON list), wake_cap,
 --       signature (signing.task_signature of header and npy)
-local prefix = ARGV[8]
-if ARGV[7] ~= '' then
+-- The pixels are already stored under KEYS[2] (a plain SET with the TTL, sent just before this script on the same
+-- connection: a large value costs several times more as a script argument); a refused request deletes them, and
+-- a request whose pixels are not there (that SET failed) is refused with 'lost'.
+local prefix = ARGV[7]
+if ARGV[6] ~= '' then
   local existing = redis.call('GET', KEYS[3])
-  if existing then return {'dup', existing} end
+  if existing then
+    redis.call('DEL', KEYS[2])
+    return {'dup', existing}
+  end
 end
-local names = cjson.decode(ARGV[9])
+local names = cjson.decode(ARGV[8])
 local pending = tonumber(redis.call('GET', KEYS[4]) or '0')
-if pending + #names > tonumber(ARGV[5]) then return {'full', tostring(pending)} end
-local ttl = tonumber(ARGV[6])
-redis.call('HSET', KEYS[1], 'header', ARGV[2], 'created', string.format('%.6f', now()), 'n', ARGV[4],
-           'rewards', ARGV[9], 'remaining', #names, 'sig', ARGV[11])
+if pending + #names > tonumber(ARGV[4]) then
+  redis.call('DEL', KEYS[2])
+  return {'full', tostring(pending)}
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'lost', ''} end
+local ttl = tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'header', ARGV[2], 'created', string.format('%.6f', now()), 'n', ARGV[3],
+           'rewards', ARGV[8], 'remaining', #names, 'sig', ARGV[10])
 redis.call('EXPIRE', KEYS[1], ttl)
-redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
 for _, name in ipairs(names) do
   redis.call('HSET', KEYS[1], 's:' .. name, 'queued')
-  redis.call('LPUSH', prefix .. 'queue:' .. name, name .. '|' .. ARGV[1] .. '|' .. ARGV[4])
+  redis.call('LPUSH', prefix .. 'queue:' .. name, name .. '|' .. ARGV[1] .. '|' .. ARGV[3])
   redis.call('LPUSH', prefix .. 'wake:' .. name, '1')
-  redis.call('LTRIM', prefix .. 'wake:' .. name, 0, tonumber(ARGV[10]))
+  redis.call('LTRIM', prefix .. 'wake:' .. name, 0, tonumber(ARGV[9]))
 end
 redis.call('INCRBY', KEYS[4], #names)
-if ARGV[7] ~= '' then redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[7], 'EX', ttl) end
+if ARGV[6] ~= '' then redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[6], 'EX', ttl) end
 return {'ok', ARGV[1]}
 """
 )
@@ -58,8 +70,9 @@ CLAIM = (
 -- KEYS: queue, proc    ARGV: image budget, max items, prefix, reward
 -- Moves items from the queue's consumer end to the processing list while their image counts fit the budget
 -- (the first item always moves: one large request is still scored, the reward batches it internally), and
--- returns what scoring them needs in the same round trip:
---   {now, {item, header, created, attempts, npy, stored result, signature}, ...}   (false where a key is gone)
+-- returns what scoring them needs but the pixels (the worker reads those with one MGET: a large value costs
+-- several times more as a script's answer):
+--   {now, {item, header, created, attempts, stored result, signature}, ...}   (false where a key is gone)
 local budget, limit, prefix, name = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local out, taken, total = {string.format('%.6f', now())}, 0, 0
 while taken < limit do
@@ -71,9 +84,8 @@ while taken < limit do
   taken, total = taken + 1, total + n
   local uuid = string.match(item, '^[^|]+|([^|]+)|')
   local fields = redis.call('HMGET', prefix .. 'task:' .. uuid, 'header', 'created', 'a:' .. name, 'sig')
-  local blob = redis.call('GET', prefix .. 'blob:' .. uuid)
   local done = redis.call('GET', prefix .. 'result:' .. uuid .. ':' .. name)
-  out[#out + 1] = {item, fields[1], fields[2], fields[3], blob, done, fields[4]}
+  out[#out + 1] = {item, fields[1], fields[2], fields[3], done, fields[4]}
 end
 if taken == 0 then return {} end
 return out
@@ -175,3 +187,45 @@ class Scripts:
     def register(cls, client: Any) -> Scripts:
         """Register every script on `client` (loaded lazily by EVALSHA, reloaded after a Redis restart)."""
         return cls(*(client.register_script(src) for src in (ENQUEUE, CLAIM, FINISH, REAP, FAIL_TASK)))
+
+    def all(self) -> tuple[Any, ...]:
+        """Every registered script."""
+        return (self.enqueue, self.claim, self.finish, self.reap, self.fail_task)
+
+
+def queue_script(pipe: Any, script: Any, keys: list[Any], args: list[Any]) -> None:
+    """Queue `script` on `pipe` as a bare EVALSHA. redis-py's own way (`script(keys, args, client=pipe)`) asks
+    Redis `SCRIPT EXISTS` before every such pipeline, one more round trip; `execute` / `aexecute` instead load
+    the scripts and send the pipeline again when Redis answers that it lost them (a restart)."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def execute(client: Any, scripts: Scripts, build: Callable[[Any], None]) -> list[Any]:
+    """Build a pipeline of `client` (sync) with `build(pipe)` and send it; after NoScriptError the scripts are
+    loaded and it is built and sent once more, so every pipeline sent this way must be safe to send twice."""
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        build(pipe)
+        try:
+            return pipe.execute()
+        except NoScriptError:
+            if attempt:
+                raise
+            for script in scripts.all():
+                client.script_load(script.script)
+    raise AssertionError("unreachable")
+
+
+async def aexecute(client: Any, scripts: Scripts, build: Callable[[Any], None]) -> list[Any]:
+    """`execute` for a `redis.asyncio.Redis` client."""
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        build(pipe)
+        try:
+            return await pipe.execute()
+        except NoScriptError:
+            if attempt:
+                raise
+            for script in scripts.all():
+                await client.script_load(script.script)
+    raise AssertionError("unreachable")

@@ -40,7 +40,7 @@ import redis
 from reward_service.batch_scoring import Outcome, Task, score_tasks
 from reward_service.config import ServiceConfig, load_service_config
 from reward_service.keys import WAKE_CAP, Keys, split_item
-from reward_service.lua import Scripts
+from reward_service.lua import Scripts, execute, queue_script
 from reward_service.signing import genuine, pixels_digest, result_key, sign, task_signature
 from reward_service.wire_format import decode_array
 from sanarl.errors import ConfigError, UserError
@@ -301,8 +301,19 @@ class Worker:
             )
             if out:
                 worked = True
-                self.process(name, float(out[0]), [_row(raw) for raw in out[1:]])
+                self.process(name, float(out[0]), self._with_pixels(out[1:]))
         return worked
+
+    def _with_pixels(self, claimed: list) -> list[tuple]:
+        """The claim script's rows as `_load` returns them, their pixels read with one MGET (None where gone)."""
+        items = [raw[0].decode() for raw in claimed]
+        blobs = self.client.mget([self.keys.blob(split_item(item)[1]) for item in items])
+        return [
+            (item, header, created, attempts, blob, stored, signature)
+            for item, (_, header, created, attempts, stored, signature), blob in zip(
+                items, claimed, blobs, strict=True
+            )
+        ]
 
     def process(self, name: str, now: float, rows: list[tuple]) -> None:
         """Score the live tasks of `rows` (as `_load` returns them), then finish every one.
@@ -318,11 +329,14 @@ class Worker:
                 task_uuid = split_item(item)[1]
                 if not _signed_by_api(self.key, task_uuid, header, digests[item].result(), signature):
                     finished[item] = _refused(name, task_uuid)
-        pipe = self.client.pipeline(transaction=False)
         signed = {item: self._signed(name, item, outcome) for item, outcome in finished.items()}
-        for item, (message, status, seconds) in signed.items():
-            self._finish(pipe, name, item, message, status, seconds)
-        for (item, (message, status, seconds)), stored in zip(signed.items(), pipe.execute(), strict=True):
+
+        def build(pipe: Any) -> None:
+            for item, (message, status, seconds) in signed.items():
+                self._finish(pipe, name, item, message, status, seconds)
+
+        stored_all = execute(self.client, self.scripts, build)
+        for (item, (message, status, seconds)), stored in zip(signed.items(), stored_all, strict=True):
             if stored == -1:
                 self._replace_forged(name, item, message, status, seconds)
 
@@ -342,9 +356,11 @@ class Worker:
                 task_uuid,
                 name,
             )
-        pipe = self.client.pipeline(transaction=False)
-        self._finish(pipe, name, item, message, status, seconds, replace=current)
-        pipe.execute()
+        execute(
+            self.client,
+            self.scripts,
+            lambda pipe: self._finish(pipe, name, item, message, status, seconds, current),
+        )
 
     def _load(self, name: str, items: list[str]) -> tuple[float, list[tuple]]:
         """Redis time and one row `(item, header, created, attempts, npy, stored result, signature)` per held item
@@ -424,8 +440,10 @@ class Worker:
         """Queue the FINISH script on `pipe`: write the signed result (or failure) once - in place of `replace`,
         a forged value, when given -, drop the item, notify."""
         _, task_uuid, _ = split_item(item)
-        self.scripts.finish(
-            keys=[
+        queue_script(
+            pipe,
+            self.scripts.finish,
+            [
                 self.keys.proc(self.id),
                 self.keys.result(task_uuid, name),
                 self.keys.task(task_uuid),
@@ -433,7 +451,7 @@ class Worker:
                 self.keys.pending,
                 self.keys.latency(name),
             ],
-            args=[
+            [
                 item,
                 message,
                 int(self.config.limits.result_ttl_s),
@@ -444,14 +462,7 @@ class Worker:
                 seconds,
                 replace,
             ],
-            client=pipe,
         )
-
-
-def _row(raw: list) -> tuple:
-    """A claim script row with the item decoded (the other fields stay bytes / None)."""
-    item, header, created, attempts, blob, stored, signature = raw
-    return item.decode(), header, created, attempts, blob, stored, signature
 
 
 def _signed_by_api(key: bytes, task_uuid: str, header: bytes, pixels: bytes, signature: bytes | None) -> bool:

@@ -132,6 +132,11 @@ def pending(svc) -> int:
     return int(svc.redis.get(PREFIX + "pending") or 0)
 
 
+def stored_pixels(svc) -> int:
+    """Requests whose pixels Redis holds."""
+    return sum(1 for _ in svc.redis.scan_iter(match=PREFIX + "blob:*"))
+
+
 def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -346,7 +351,7 @@ def test_client_disconnect_mid_upload_queues_nothing(svc):
 
 def test_enqueue_is_idempotent_by_request_id(svc):
     data = body(images(2, 8, seed=3), {"slow_mean": 1.0}, metadata={"sleep": 0.5}, request_id="trainer-42")
-    before = pending(svc)
+    before, blobs = pending(svc), stored_pixels(svc)
     first, second = enqueue_ok(svc.a, data), enqueue_ok(svc.b, data)  # a retry may reach another instance
     assert first == second and pending(svc) == before + 1
     status, answer = svc.a.enqueue(body(images(2, 8, seed=4), {"slow_mean": 1.0}, request_id="trainer-42"))
@@ -356,6 +361,7 @@ def test_enqueue_is_idempotent_by_request_id(svc):
     )
     status, answer = svc.a.enqueue(same_pixels)  # other prompts / metadata under the same id: also a conflict
     assert status == 409 and answer["uuid"] == first
+    assert stored_pixels(svc) == blobs + 1  # a repeated or refused request leaves no pixels behind
     status, answer = svc.a.result(first, "slow_mean")
     assert status == 200 and answer["attempts"] == 1
 
@@ -390,10 +396,12 @@ def test_queue_full_answers_429_and_the_client_backs_off(svc):
     occupy_both_workers(svc, sleep=3.0)
     accepted, status = [], 200
     while status == 200 and len(accepted) < 40:
+        blobs = stored_pixels(svc)
         status, answer = svc.a.enqueue(body(images(1, 8), {"slow_mean": 1.0}))
         if status == 200:
             accepted.append(answer["uuid"])
     assert status == 429 and "max_pending_tasks = 24" in answer["error"]
+    assert stored_pixels(svc) <= blobs  # the refused request's pixels were dropped again
     assert len(accepted) == 22 and pending(svc) == 24
     fn = remote(svc, ["slow_mean"], backoff_s=0.2, retries=12)
     pixels = images(2, 8, seed=6)
@@ -540,6 +548,23 @@ def test_a_header_changed_in_redis_fails_its_task_and_the_workers_go_on(svc, hea
     assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
 
 
+def test_scripts_redis_lost_are_loaded_again(svc):
+    """SCRIPT FLUSH (a Redis that restarted without them) while a worker scores, then before an enqueue: the worker's
+    finish pipeline and the API's enqueue pipeline load the scripts and send again; both requests are scored."""
+    held = images(2, 8, seed=41)
+    uuid = enqueue_ok(svc.a, body(held, {"slow_mean": 1.0}, metadata={"sleep": 0.6}))
+    wait_for(lambda: svc.redis.llen(PREFIX + "queue:slow_mean") == 0, what="the task to be claimed")
+    svc.redis.script_flush()
+    status, answer = svc.a.result(uuid, "slow_mean")
+    assert status == 200 and answer["scores"]["mean"] == pytest.approx(
+        held.reshape(2, -1).mean(1) / 255, abs=1e-6
+    )
+    svc.redis.script_flush()
+    fresh = images(1, 8, seed=42)
+    status, answer = svc.a.result(enqueue_ok(svc.a, body(fresh, {"slow_mean": 1.0})), "slow_mean")
+    assert status == 200 and answer["scores"]["mean"] == pytest.approx([fresh.mean() / 255], abs=1e-6)
+
+
 def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     """Lua REAP on the real Redis (separate key prefix, no worker serves it): requeue, count, fail at max."""
     config = loads_service_config(
@@ -548,9 +573,10 @@ def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     )
     keys, scripts = Keys("reaptest:"), Scripts.register(svc.redis)
     header = json.dumps({"shape": [2, 1, 1, 3], "media_type": "image"})
+    svc.redis.set(keys.blob("u1"), b"npy", ex=60)  # the API stores the pixels just before the script
     scripts.enqueue(
         keys=[keys.task("u1"), keys.blob("u1"), keys.request_id("-"), keys.pending],
-        args=["u1", header, b"npy", 2, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10, "sig"],
+        args=["u1", header, 2, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10, "sig"],
     )
     item = queue_item("jpeg_compressibility", "u1", 2)
     for attempt in (1, 2):
@@ -558,8 +584,8 @@ def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
         claimed = scripts.claim(
             keys=[keys.queue("jpeg_compressibility"), keys.proc("ghost")],
             args=[64, 10, keys.prefix, "jpeg_compressibility"],
-        )  # [Redis time, [item, header, created, attempts, npy, result exists]]
-        assert claimed[1][0] == item.encode() and claimed[1][4] == b"npy" and claimed[1][5] is None
+        )  # [Redis time, [item, header, created, attempts, stored result, signature]]
+        assert claimed[1][0] == item.encode() and claimed[1][4] is None and claimed[1][5] == b"sig"
         assert json.loads(claimed[1][1]) == json.loads(header) and len(claimed) == 2
         assert int(claimed[1][3] or 0) == attempt - 1
         moved = reap_dead_workers(svc.redis, keys, config, scripts, result_key(TOKEN))
