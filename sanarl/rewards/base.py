@@ -211,7 +211,8 @@ class Reward(ABC):
     Class attributes: `name` (the registry name), `keys` (every key `score` returns), `default_key` (the key a
     `reward_fns` entry uses when its `score_key` is empty). A reward with one key named like itself declares only
     `name`: `keys` and `default_key` then default to it (a subclass keeps the keys it inherits). Subclasses implement `_score` on validated inputs (it
-    runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score). Instances
+    runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score); rewards that
+    judge uint8 pixels subclass `Uint8Reward` instead. `score_uint8` takes uint8 pixels (the reward service's). Instances
     are safe to call from several threads as long as `_score` is.
     """
 

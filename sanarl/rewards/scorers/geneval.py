@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.base import Uint8Reward, from_uint8
+from sanarl.rewards.base import Uint8Reward
 from sanarl.rewards.clip_encoder import ClipEncoder
 from sanarl.rewards.model_reward import ModelReward
 from sanarl.rewards.scorers import geneval_rules as rules
@@ -259,7 +259,7 @@ class GenEvalReward(Uint8Reward, ModelReward):
     def verdicts(self, pixels: torch.Tensor, metadata: list[dict[str, Any]]) -> list[rules.Verdict]:
         """One `geneval_rules.Verdict` per uint8 image `[B, 3, H, W]` (any strides)."""
         assert self.detector is not None and self.colors is not None
-        detections = self.detector(from_uint8(pixels.contiguous()))
+        detections = self.detector(pixels.contiguous().float() / 255.0)  # x / 255, as `from_uint8`
         arrays = pixels.permute(0, 2, 3, 1).cpu().numpy()
         out = []
         for dets, array, meta in zip(detections, arrays, metadata, strict=True):
