@@ -9,7 +9,9 @@ alike) and medians are printed: in-process ms, remote ms, their difference (the 
 The hop is then split, per request, into the client's body encoding, the enqueue round trip, the pull round trip
 (which waits for the worker) and the worker's own scoring time (the result's `duration`); the HTTP floor is a
 token-checked ping. What the overhead is made of: overhead = remote - in-process ~= encode + enqueue + (pull -
-worker scoring) + (worker scoring - in-process scoring), the last term being the worker's uint8 -> float decode.
+worker scoring) + (worker scoring - in-process scoring). The worker's scoring is its `score_uint8` call on the
+pixels as received: a reward that judges uint8 pixels (jpeg, shapes) skips the float round trip that in-process
+scoring makes (`to_uint8`), a float reward pays the uint8 -> float decode in it.
 """
 
 from __future__ import annotations

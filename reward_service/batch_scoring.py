@@ -1,7 +1,9 @@
 """Scoring a batch of tasks of one reward (worker side, no Redis): pixels in, Cosmos-RL result JSON out.
 
 Tasks of one reward taken together are scored in as few calls as possible: images of equal size are
-concatenated into one `reward.score(images [N, 3, H, W] in [0, 1], prompts [N], metadata [N])` call. When a
+concatenated into one `reward.score_uint8(pixels [N, 3, H, W] uint8, prompts [N], metadata [N])` call, with the
+pixels as received: a reward that judges uint8 pixels (`sanarl.rewards.base.Uint8Reward`: jpeg, shapes, ocr,
+geneval) scores them as they are, any other reward scores `from_uint8(pixels)` (x / 255). When a
 batched call raises, each task is scored alone, so one bad request (e.g. metadata the reward rejects) fails
 only itself. Videos `[B, 3, T, H, W]` are scored frame-wise as `sanarl.rewards.video.score_video` does (same
 helpers, so the same numbers): every `stride`-th frame is scored with the image reward (each frame with its
@@ -12,7 +14,8 @@ equal (T, H, W) batched together; their results carry `"frames": {"whole_clip": 
 
 Result JSON (Cosmos-RL's, plus sanarl fields):
     {"scores": {key: [B floats, null for NaN]}, "input_info": {"shape", "dtype", "min", "max", "media_type"},
-     "duration": seconds of the scoring call, "decoded_duration": 0.0, "type": reward name,
+     "duration": seconds of the `score_uint8` call (for a float reward, its uint8 -> float decode included),
+     "decoded_duration": 0.0, "type": reward name,
      "default_key": the reward's default key, "batch": {"tasks", "images"} of the call, "attempts": n,
      videos only: "frames": {"stride", "reduction", "scored"} (frames scored per clip)}
 """
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import UserError
-from sanarl.rewards.base import Reward, from_uint8
+from sanarl.rewards.base import Reward
 from sanarl.rewards.video import frames_as_images, reduce_frames
 
 log = logging.getLogger("reward_service.batch_scoring")
@@ -126,16 +129,15 @@ def _describe(reward: Reward, exc: Exception) -> str:
 
 
 def _score_group(reward: Reward, group: list[Task]) -> dict[str, Outcome]:
-    """One `reward.score` call over every task of `group` (frames of equal size)."""
+    """One `reward.score_uint8` call over every task of `group` (frames of equal size), on the uint8 pixels."""
     parts = [frames_of(task, is_whole_clip(reward, task)) for task in group]
     pixels = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-    images = from_uint8(pixels)  # x / 255, known in [0, 1]: the reward's range check does not read it again
     prompts = [p for part in parts for p in part[1]]
     metadata = [m for part in parts for m in part[2]]
     start = time.perf_counter()
-    scores = reward.score(images, prompts, metadata)
+    scores = reward.score_uint8(pixels, prompts, metadata)
     duration = time.perf_counter() - start
-    batch = {"tasks": len(group), "images": int(images.shape[0])}
+    batch = {"tasks": len(group), "images": int(pixels.shape[0])}
     outcomes, offset = {}, 0
     for task, part in zip(group, parts, strict=True):
         n = int(part[0].shape[0])

@@ -10,7 +10,14 @@ every registered name. Importing this package imports no reward model code (rewa
 The shipped scorers live in `sanarl.rewards.scorers`; the modules here are the infrastructure (docs/architecture.md).
 """
 
-from sanarl.rewards.base import Reward, RewardInputError, check_batch, check_images, to_uint8_hwc
+from sanarl.rewards.base import (
+    Reward,
+    RewardInputError,
+    Uint8Reward,
+    check_batch,
+    check_images,
+    to_uint8_hwc,
+)
 from sanarl.rewards.combine import RewardFailure, RewardFunction, RewardResult
 from sanarl.rewards.pool import RewardFuture, RewardPool, RewardTimeout
 from sanarl.rewards.registry import build_reward, known_rewards, register, register_lazy, unregister
@@ -24,6 +31,7 @@ __all__ = [
     "RewardPool",
     "RewardResult",
     "RewardTimeout",
+    "Uint8Reward",
     "build_reward",
     "check_batch",
     "check_images",

@@ -7,6 +7,11 @@ so every reward - in-process or behind the reward service - honours the same con
 
 Heavy rewards load their model lazily: override `_load` (called once, under a lock, on the device given to
 `setup`, or on the CPU at the first `score` when `setup` was never called).
+
+`score_uint8` takes uint8 pixels (the `round(255 x)` values the reward service receives). By default it scores
+`from_uint8(pixels)`; a reward that judges uint8 pixels subclasses `Uint8Reward` and implements one core,
+`_score_uint8`, which its float `score` reaches through `to_uint8`: since `to_uint8(from_uint8(u)) == u` for every
+uint8 value, both entry points run the same code on the same values and give the same scores.
 """
 
 from __future__ import annotations
@@ -157,6 +162,31 @@ def to_uint8_hwc(images: torch.Tensor) -> np.ndarray:
     return to_uint8(images).permute(0, 2, 3, 1).cpu().numpy()
 
 
+def require_uint8(pixels: Any, reward: str) -> None:
+    """Raise RewardInputError naming the reward unless `pixels` is a uint8 torch.Tensor."""
+    if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8:
+        got = f"dtype {pixels.dtype}" if isinstance(pixels, torch.Tensor) else f"a {type(pixels).__name__}"
+        raise RewardInputError(
+            f"reward {reward!r}: score_uint8 takes uint8 pixels (round(255 x)), got {got}; pass float images in "
+            "[0, 1] to score, or convert them with sanarl.rewards.base.to_uint8."
+        )
+
+
+def check_uint8_images(pixels: Any, reward: str) -> torch.Tensor:
+    """Validate uint8 pixels `[B, 3, H, W]` (any strides: a permuted `[B, H, W, 3]` view is fine); returns them
+    detached. Raises RewardInputError naming the reward for a wrong type, dtype or layout."""
+    require_uint8(pixels, reward)
+    shape = tuple(pixels.shape)
+    if pixels.ndim != 4 or shape[1] != 3 or shape[0] == 0:
+        hint = (
+            " (channels last? use pixels.permute(0, 3, 1, 2))" if pixels.ndim == 4 and shape[3] == 3 else ""
+        )
+        raise RewardInputError(
+            f"reward {reward!r} takes uint8 pixels as a tensor [B, 3, H, W] with B >= 1; got shape {shape}{hint}."
+        )
+    return pixels.detach()
+
+
 def _normalise_output(out: Any, keys: Sequence[str], batch: int, reward: str) -> dict[str, torch.Tensor]:
     """Check that `out` holds every declared key with `[B]` values; return float32 CPU tensors."""
     if not isinstance(out, Mapping):
@@ -181,7 +211,8 @@ class Reward(ABC):
     Class attributes: `name` (the registry name), `keys` (every key `score` returns), `default_key` (the key a
     `reward_fns` entry uses when its `score_key` is empty). A reward with one key named like itself declares only
     `name`: `keys` and `default_key` then default to it (a subclass keeps the keys it inherits). Subclasses implement `_score` on validated inputs (it
-    runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score). Instances
+    runs under torch.no_grad) and, when they hold a model, `_load` (called once before the first score); rewards that
+    judge uint8 pixels subclass `Uint8Reward` instead. `score_uint8` takes uint8 pixels (the reward service's). Instances
     are safe to call from several threads as long as `_score` is.
     """
 
@@ -241,6 +272,21 @@ class Reward(ABC):
             scores = {key: torch.where(bad_cpu, nan, value) for key, value in scores.items()}
         return scores
 
+    def score_uint8(
+        self,
+        pixels: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Scores of uint8 pixels `round(255 x)`: images `[B, 3, H, W]` (any strides), or clips `[B, 3, T, H, W]`
+        for a video-native reward. The reward service's worker calls this with the pixels as received.
+
+        Here: `score(from_uint8(pixels), ...)`, so rewards that judge float pixels are unchanged; `Uint8Reward`
+        scores the pixels as they are. Raises RewardInputError for bad inputs, as `score` does.
+        """
+        require_uint8(pixels, self.name)
+        return self.score(from_uint8(pixels), prompts, metadata)
+
     def check_input(self, images: Any) -> torch.Tensor:
         """Validate the batch layout and range (images `[B, 3, H, W]`; video-native rewards override this)."""
         return check_images(images, self.name)
@@ -257,3 +303,41 @@ class Reward(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, keys={self.keys}, device={str(self.device)!r})"
+
+
+class Uint8Reward(Reward):
+    """A reward that judges uint8 pixels `round(255 x)` (JPEG sizes, the shapes judge, OCR, GenEval): subclasses
+    implement `_score_uint8` on validated uint8 pixels. `score` quantises its float images with `to_uint8` and
+    calls that core; `score_uint8` calls it on the pixels as given, with no float round trip. Both agree exactly:
+    `to_uint8(from_uint8(u)) == u`. uint8 pixels are always finite, so `score_uint8` masks nothing."""
+
+    def score_uint8(
+        self,
+        pixels: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        pixels = self.check_uint8_input(pixels)
+        prompts, meta = check_batch(pixels, prompts, metadata, self.name)
+        if not self._ready:
+            self.setup(self.device)
+        with torch.no_grad():
+            out = self._score_uint8(pixels, prompts, meta)
+        return _normalise_output(out, self.keys, pixels.shape[0], self.name)
+
+    def check_uint8_input(self, pixels: Any) -> torch.Tensor:
+        """Validate the layout of uint8 pixels (`[B, 3, H, W]`; a video-native subclass overrides this as it
+        overrides `check_input`)."""
+        return check_uint8_images(pixels, self.name)
+
+    def _score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> Mapping[str, Any]:
+        return self._score_uint8(to_uint8(images), prompts, metadata)
+
+    @abstractmethod
+    def _score_uint8(
+        self, pixels: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> Mapping[str, Any]:
+        """Scores for validated inputs: uint8 pixels `[B, 3, H, W]` (any strides, on their original device);
+        values `[B]`."""

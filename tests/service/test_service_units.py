@@ -356,6 +356,30 @@ def test_batched_scoring_equals_one_call_per_task():
     assert out["a"].result["default_key"] == "jpeg_compressibility" and out["a"].result["attempts"] == 1
 
 
+def test_uint8_rewards_get_the_received_pixels_and_float_rewards_their_decode(monkeypatch):
+    """The worker calls `score_uint8` with the pixels as received: jpeg scores them with no float round trip (the
+    conversions are disabled here) and equals in-process scoring of `x / 255`; a float reward gets `x / 255`."""
+    from sanarl.rewards import base
+
+    class Mean(base.Reward):
+        name = "mean"
+
+        def _score(self, images, prompts, metadata):
+            assert images.dtype == torch.float32
+            return {"mean": images.double().mean(dim=(1, 2, 3))}
+
+    a, b = pixels(2, 16, 8), pixels(3, 16, 9)
+    expected = JpegCompressibility().score(as_float(np.concatenate([a, b])), ["p"] * 5)["jpeg_kb"].tolist()
+    with monkeypatch.context() as patch:
+        for name in ("from_uint8", "to_uint8"):
+            patch.setattr(base, name, lambda *args: pytest.fail("a float round trip on the worker"))
+        out = score_tasks(JpegCompressibility(), [image_task("a", a), image_task("b", b)])
+    assert out["a"].result["scores"]["jpeg_kb"] + out["b"].result["scores"]["jpeg_kb"] == expected
+    assert out["a"].result["batch"] == {"tasks": 2, "images": 5} and out["a"].result["duration"] > 0
+    result = score_tasks(Mean(), [image_task("a", a)])["a"].result
+    assert result["scores"]["mean"] == pytest.approx((a / 255.0).mean(axis=(1, 2, 3)).tolist(), abs=1e-6)
+
+
 def test_one_bad_task_fails_alone():
     """A task whose metadata the reward rejects fails with the reward's message; the batch's other tasks pass."""
     row = world.list_prompts("train")["single_object"][0]

@@ -283,7 +283,9 @@ def test_tiny_detector_through_the_loader_matches_the_rules_and_batches(tiny) ->
     prompts = ["two dogs", "a red dog", "a dog and a cat", "a dog left of a dog"]
     reward = make(tiny, batch_size=4)
     scores = reward.score(images, prompts, ROWS)
-    dets = reward.detector(images)
+    dets = reward.detector(
+        (images * 255).round() / 255
+    )  # GenEval judges saved pixels: the detector sees them
     assert all(d and all(x.label == "dog" and x.score > 0.9 for x in d) for d in dets)
     arrays = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
     for i, row in enumerate(ROWS):
@@ -298,6 +300,20 @@ def test_tiny_detector_through_the_loader_matches_the_rules_and_batches(tiny) ->
     for key in ("partial", "strict"):
         assert scores[key].tolist() == [a[key].item() for a in alone]
     assert torch.equal(reward.score(images, prompts, ROWS)["partial"], scores["partial"])
+
+
+def test_uint8_pixels_score_as_their_floats(tiny) -> None:
+    """`score_uint8` (the reward service's call, pixels as received) equals `score` of `x / 255` exactly."""
+    generator = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (4, 64, 64, 3), dtype=torch.uint8, generator=generator).permute(0, 3, 1, 2)
+    prompts = ["two dogs", "a red dog", "a dog and a cat", "a dog left of a dog"]
+    reward = make(tiny, batch_size=4)
+    direct = reward.score_uint8(pixels, prompts, ROWS)
+    floats = reward.score(pixels.float() / 255.0, prompts, ROWS)
+    assert all(torch.equal(direct[key], floats[key]) for key in ("partial", "strict"))
+    assert direct["partial"][2].item() == 0.5  # a dog, never a cat
+    with pytest.raises(RewardInputError, match="needs GenEval metadata for prompt 'two dogs'"):
+        reward.score_uint8(pixels[:1], prompts[:1])
 
 
 def test_missing_metadata_is_an_input_error_before_any_load(tmp_path) -> None:

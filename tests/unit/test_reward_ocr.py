@@ -107,3 +107,17 @@ def test_registered_and_options_checked() -> None:
         build_reward("ocr", threads=0)
     with pytest.raises(ConfigError, match="text_score=2"):
         build_reward("ocr", text_score=2)
+
+
+def test_uint8_pixels_score_as_their_floats(reward) -> None:
+    """`score_uint8` (the reward service's call) reads the pixels as received: equal to `score` of `x / 255`."""
+    rng = np.random.default_rng(0)
+    noisy = np.clip(render("Hello World").astype(np.int16) + rng.integers(-20, 21, (96, 320, 3)), 0, 255)
+    arrays = np.stack(
+        [noisy.astype(np.uint8), render("OPEN 24"), rng.integers(0, 256, (96, 320, 3), np.uint8)]
+    )
+    pixels = torch.from_numpy(arrays).permute(0, 3, 1, 2)  # a view of [B, H, W, 3], as the worker passes it
+    prompts = ['a sign saying "hello world"', 'a neon sign "Open 25"', 'a sign saying "noise"']
+    direct = reward.score_uint8(pixels, prompts)["ocr"]
+    assert torch.equal(direct, reward.score(pixels.float() / 255.0, prompts)["ocr"])
+    assert direct[0].item() == 1.0 and direct[1].item() == pytest.approx(1 - 1 / 6)

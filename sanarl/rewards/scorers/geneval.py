@@ -5,6 +5,10 @@ Per image: a COCO detector finds objects -> GenEval's selection, counting, colou
 - `partial` (default): fraction of the row's include and exclude entries that are met, in [0, 1];
 - `strict`: 1 iff all are met (GenEval's `correct`, its benchmark accuracy).
 
+Pixels: GenEval judges saved image files, so the judge here sees the uint8 pixels `round(255 x)` (a `Uint8Reward`:
+the detector gets them as `x / 255`, the colour classifier as uint8 crops), in-process and in the reward service
+alike.
+
 Metadata: the geneval prompt set forwards each row's `{"tag", "include", "exclude"}` (sanarl/data/datasets/prompts/geneval);
 a prompt without it is a RewardInputError.
 
@@ -30,7 +34,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError, WeightsError
-from sanarl.rewards.base import to_uint8_hwc
+from sanarl.rewards.base import Uint8Reward
 from sanarl.rewards.clip_encoder import ClipEncoder
 from sanarl.rewards.model_reward import ModelReward
 from sanarl.rewards.scorers import geneval_rules as rules
@@ -143,7 +147,7 @@ class ColorClassifier:
         return colors
 
 
-class GenEvalReward(ModelReward):
+class GenEvalReward(Uint8Reward, ModelReward):
     """GenEval partial / strict credit of each image against its prompt's GenEval metadata (see the module doc).
 
     Args:
@@ -231,31 +235,45 @@ class GenEvalReward(ModelReward):
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, torch.Tensor]:
         """As `Reward.score`; metadata (one GenEval row per image) is required, checked before any model loads."""
+        self._check_rows(prompts, metadata)
+        return super().score(images, prompts, metadata)
+
+    def score_uint8(
+        self,
+        pixels: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """As `Uint8Reward.score_uint8`; metadata is checked before any model loads, as in `score`."""
+        self._check_rows(prompts, metadata)
+        return super().score_uint8(pixels, prompts, metadata)
+
+    def _check_rows(self, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None) -> None:
+        """RewardInputError naming the prompt whose GenEval metadata is missing or malformed."""
         if metadata is None:
             rules.check_metadata(str(prompts[0]) if len(prompts) else "", {}, self.name)
         if isinstance(metadata, Sequence) and len(metadata) == len(prompts):
             for prompt, meta in zip(prompts, metadata, strict=True):
                 rules.check_metadata(str(prompt), meta if isinstance(meta, Mapping) else {}, self.name)
-        return super().score(images, prompts, metadata)
 
-    def verdicts(self, images: torch.Tensor, metadata: list[dict[str, Any]]) -> list[rules.Verdict]:
-        """One `geneval_rules.Verdict` per image `[B, 3, H, W]` in [0, 1]."""
+    def verdicts(self, pixels: torch.Tensor, metadata: list[dict[str, Any]]) -> list[rules.Verdict]:
+        """One `geneval_rules.Verdict` per uint8 image `[B, 3, H, W]` (any strides)."""
         assert self.detector is not None and self.colors is not None
-        detections = self.detector(images)
-        arrays = to_uint8_hwc(images)
+        detections = self.detector(pixels.contiguous().float() / 255.0)  # x / 255, as `from_uint8`
+        arrays = pixels.permute(0, 2, 3, 1).cpu().numpy()
         out = []
         for dets, array, meta in zip(detections, arrays, metadata, strict=True):
             color_of = lambda cls, objs, a=array: self.colors(a, cls, objs)  # noqa: E731
             out.append(rules.judge(dets, meta, color_of, self.thresholds))
         return out
 
-    def _score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    def _score_uint8(
+        self, pixels: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
-        """Images `[B, 3, H, W]` in [0, 1], B prompts, B GenEval rows -> `{partial, strict}`, each `[B]`."""
+        """uint8 pixels `[B, 3, H, W]`, B prompts, B GenEval rows -> `{partial, strict}`, each `[B]`."""
         for prompt, meta in zip(prompts, metadata, strict=True):
             rules.check_metadata(prompt, meta, self.name)
-        verdicts = self.verdicts(images, metadata)
+        verdicts = self.verdicts(pixels, metadata)
         return {
             "partial": torch.tensor([v.partial for v in verdicts], dtype=torch.float32),
             "strict": torch.tensor([v.strict for v in verdicts], dtype=torch.float32),

@@ -1,6 +1,7 @@
 """JPEG (in)compressibility rewards (docs/algorithms.md, "Rewards"; the DDPO / Flow-GRPO toy rewards).
 
-Each image is converted to uint8 RGB (`round(255 x)`) and saved by PIL as JPEG at quality 95; `kb` is the file
+Each image, as uint8 RGB pixels `round(255 x)` (a `Uint8Reward`: the reward service's pixels are scored as
+received), is saved by PIL as JPEG at quality 95; `kb` is the file
 size in kilobytes (bytes / 1000):
 - `jpeg_compressibility = -kb / 500` (higher = smaller file),
 - `jpeg_incompressibility = +kb`.
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from sanarl.rewards.base import Reward, to_uint8_hwc
+from sanarl.rewards.base import Uint8Reward, to_uint8
 
 JPEG_QUALITY = 95
 """PIL JPEG quality used by the published rewards."""
@@ -26,16 +27,18 @@ COMPRESSIBILITY_DIVISOR = 500.0
 
 
 def jpeg_kilobytes(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.Tensor:
-    """JPEG file sizes in kB (bytes / 1000), float32 `[B]`, of images `[B, 3, H, W]` in [0, 1] (PIL, RGB)."""
+    """JPEG file sizes in kB (bytes / 1000), float32 `[B]`, of images `[B, 3, H, W]`: uint8 pixels (any strides),
+    or float in [0, 1], quantised by `round(255 x)` first (PIL, RGB)."""
+    pixels = images if images.dtype == torch.uint8 else to_uint8(images)
     sizes = []
-    for array in to_uint8_hwc(images):
+    for array in pixels.permute(0, 2, 3, 1).cpu().numpy():
         buffer = io.BytesIO()
         Image.fromarray(np.ascontiguousarray(array)).save(buffer, format="JPEG", quality=quality)
         sizes.append(buffer.tell() / 1000.0)
     return torch.tensor(sizes, dtype=torch.float32)
 
 
-class JpegSizeReward(Reward):
+class JpegSizeReward(Uint8Reward):
     """The JPEG size rewards' shared part: the `quality` option, the size in kB (`jpeg_kb`) and the score under
     `default_key`, which each subclass derives from the size (`from_kilobytes`)."""
 
@@ -47,10 +50,10 @@ class JpegSizeReward(Reward):
     def from_kilobytes(self, kb: torch.Tensor) -> torch.Tensor:
         """The score `[B]` of images whose JPEG files are `kb` kilobytes."""
 
-    def _score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    def _score_uint8(
+        self, pixels: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
-        kb = jpeg_kilobytes(images, self.quality)
+        kb = jpeg_kilobytes(pixels, self.quality)
         return {self.default_key: self.from_kilobytes(kb), "jpeg_kb": kb}
 
 

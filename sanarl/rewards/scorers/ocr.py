@@ -11,7 +11,8 @@ the target among other words is not penalised; unrelated extra characters cost a
 
 Engine: RapidOCR (`pip install rapidocr-onnxruntime`, PP-OCRv4 detection + recognition as ONNX models shipped inside
 the wheel, so it runs offline on CPU with onnxruntime). Lines below the engine's text confidence (`text_score`,
-0.5) are dropped by the engine. Images are converted to uint8 BGR (the engine's OpenCV convention). Keys: `ocr`.
+0.5) are dropped by the engine. The engine reads uint8 BGR pixels (its OpenCV convention): a `Uint8Reward`, it
+judges the `round(255 x)` pixels, those the reward service receives as they are. Keys: `ocr`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from sanarl.errors import ConfigError
-from sanarl.rewards.base import Reward, RewardInputError, to_uint8_hwc
+from sanarl.rewards.base import RewardInputError, Uint8Reward
 
 QUOTED = re.compile(r'"([^"]*)"')
 """The first double-quoted span (same pattern as the ocr prompt set's `target`)."""
@@ -75,7 +76,7 @@ def target_of(prompt: str, metadata: dict[str, Any]) -> str:
     return target
 
 
-class OCRReward(Reward):
+class OCRReward(Uint8Reward):
     """OCR accuracy of the quoted text of each prompt (see the module doc).
 
     Args:
@@ -141,11 +142,11 @@ class OCRReward(Reward):
             result, _ = self.engine(bgr)
         return "".join(line[1] for line in result or [])
 
-    def _score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    def _score_uint8(
+        self, pixels: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
-        """Images `[B, 3, H, W]` in [0, 1] and B prompts -> `{ocr: [B]}`."""
+        """uint8 pixels `[B, 3, H, W]` and B prompts -> `{ocr: [B]}`."""
         targets = [target_of(p, m) for p, m in zip(prompts, metadata, strict=True)]
-        arrays = to_uint8_hwc(images)
+        arrays = pixels.permute(0, 2, 3, 1).cpu().numpy()
         scores = [ocr_score(self.read(a), t) for a, t in zip(arrays, targets, strict=True)]
         return {"ocr": torch.tensor(scores, dtype=torch.float32)}

@@ -13,8 +13,8 @@ exclude). Keys:
   (`shapes_world.exact_partial_score`): a dense reward that does not pay for clutter.
 - `objects`: number of detected objects (any class, including "other").
 - `extra`: detected objects minus the prompt's object count (> 0: clutter beyond the prompt; < 0: missing ones).
-Pixels are judged as uint8 `round(255 x)` (`sanarl.rewards.base.to_uint8`), the values the reward service receives,
-so in-process and remote scores are equal. With `stats=True` (default), off-target statistics that expose reward hacking (`shapes_world.image_stats`):
+Pixels are judged as uint8 `round(255 x)` (a `Uint8Reward`: float images go through `sanarl.rewards.base.to_uint8`,
+the reward service's pixels are judged as received), so in-process and remote scores are equal. With `stats=True` (default), off-target statistics that expose reward hacking (`shapes_world.image_stats`):
 - `background`: fraction of background pixels; `specks`: foreground blobs too small to be objects;
   `entropy`: colour-histogram entropy in bits (flat background 0, uniform noise ~9).
 """
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from sanarl.errors import DataError
-from sanarl.rewards.base import Reward, RewardInputError, to_uint8
+from sanarl.rewards.base import RewardInputError, Uint8Reward
 from sanarl.worlds import shapes as world
 from sanarl.worlds.shapes.captions import shapes_row
 
@@ -48,7 +48,7 @@ def shapes_metadata(prompt: str, metadata: dict[str, Any] | None) -> dict[str, A
     return row
 
 
-class ShapesReward(Reward):
+class ShapesReward(Uint8Reward):
     """GenEval-style strict / partial credit of shapes-world images against their metadata (see module doc).
 
     Args:
@@ -64,14 +64,12 @@ class ShapesReward(Reward):
         self.stats = bool(stats)
         self.keys = JUDGE_KEYS + (STATS_KEYS if self.stats else ())
 
-    def _score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    def _score_uint8(
+        self, pixels: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, torch.Tensor]:
-        """Judge each image `[3, H, W]` of the batch against its row; returns `[B]` float tensors per key."""
+        """Judge each uint8 image `[3, H, W]` of the batch against its row; returns `[B]` float tensors per key."""
         metadata = [shapes_metadata(p, row) for p, row in zip(prompts, metadata, strict=True)]
         values: dict[str, list[float]] = {key: [] for key in self.keys}
-        # judged on the uint8 values `round(255 x)`, as the reward service receives them: the same scores both ways
-        pixels = images if images.dtype == torch.uint8 else to_uint8(images)
         for image, row in zip(world.batch_to_hwc(pixels.cpu()), metadata, strict=True):
             result = world.judge(image, row)
             values["partial"].append(result.partial)
