@@ -7,7 +7,8 @@ A *task* is one (request uuid, reward) pair; its queue item is the string `"<rew
                         sig (the API's MAC of header and pixels, signing.task_signature)
     blob:<uuid>         the npy bytes (deleted when every task of the request finished)
     queue:<reward>      list of queue items; LPUSH at enqueue, workers take from the right (FIFO)
-    wake:<reward>       list of wake-up tokens workers block on (BLPOP), one pushed per queued task
+    wake:<reward>       list of wake-up tokens workers block on (BLPOP), one pushed per queued task: its uuid
+                        (the woken worker reads that request's pixels with its claim), '1' from the reaper
     proc:<worker>       the worker's processing list: items it holds (moved there atomically when claimed)
     hb:<worker>         heartbeat, expires after workers.visibility_timeout_s
     workers             hash worker id -> JSON {rewards, pid, host, started}
@@ -23,8 +24,11 @@ A *task* is one (request uuid, reward) pair; its queue item is the string `"<rew
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+TASK_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A request's uuid as the API makes them (`uuid.uuid4()`): the wake-up tokens of queued tasks."""
 WAKE_CAP = 4096
 """Most wake-up tokens kept per reward (tokens only shorten the workers' sleep on BLPOP)."""
 

@@ -55,7 +55,7 @@ redis.call('EXPIRE', KEYS[1], ttl)
 for _, name in ipairs(names) do
   redis.call('HSET', KEYS[1], 's:' .. name, 'queued')
   redis.call('LPUSH', prefix .. 'queue:' .. name, name .. '|' .. ARGV[1] .. '|' .. ARGV[3])
-  redis.call('LPUSH', prefix .. 'wake:' .. name, '1')
+  redis.call('LPUSH', prefix .. 'wake:' .. name, ARGV[1])
   redis.call('LTRIM', prefix .. 'wake:' .. name, 0, tonumber(ARGV[9]))
 end
 redis.call('INCRBY', KEYS[4], #names)

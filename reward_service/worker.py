@@ -39,7 +39,7 @@ import redis
 
 from reward_service.batch_scoring import Outcome, Task, score_tasks
 from reward_service.config import ServiceConfig, load_service_config
-from reward_service.keys import WAKE_CAP, Keys, split_item
+from reward_service.keys import TASK_UUID, WAKE_CAP, Keys, split_item
 from reward_service.lua import Scripts, execute, queue_script
 from reward_service.signing import genuine, pixels_digest, result_key, sign, task_signature
 from reward_service.wire_format import decode_array
@@ -193,6 +193,7 @@ class Worker:
             }
         )
         self._next_reap = 0.0
+        self._woken: tuple[str, str] | None = None  # (reward, uuid) of the wake-up token the worker last got
         self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pixels-digest")
 
     # --- registration and heartbeat ---------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class Worker:
                     self.recover_held()
                     recover = False
                 if not self.step():
-                    self.client.blpop([self.keys.wake(n) for n in self.rewards], timeout=BLOCK_S)
+                    self._woken = self._wait_for_work()
                 self._maybe_reap()
                 backoff, refusals = 0.1, 0
             except redis.RedisError as exc:
@@ -291,23 +292,49 @@ class Worker:
             self._next_reap = time.monotonic() + self.config.workers.visibility_timeout_s / 2
             reap_dead_workers(self.client, self.keys, self.config, self.scripts, self.key)
 
+    def _wait_for_work(self) -> tuple[str, str] | None:
+        """Block on the rewards' wake lists (at most BLOCK_S); (reward, uuid) of the token taken, if any."""
+        names = {self.keys.wake(n).encode(): n for n in self.rewards}
+        woken = self.client.blpop(list(names), timeout=BLOCK_S)
+        if not woken or woken[0] not in names:
+            return None
+        return names[woken[0]], woken[1].decode(errors="replace")
+
     def step(self) -> bool:
         """Claim and score what is queued for each hosted reward; True when anything was claimed."""
-        worked = False
+        worked, woken, self._woken = False, self._woken, None
         for name in self.rewards:
-            out = self.scripts.claim(
-                keys=[self.keys.queue(name), self.keys.proc(self.id)],
-                args=[self.batch_images, MAX_CLAIM, self.keys.prefix, name],
-            )
+            out, prefetched = self._claim(name, woken[1] if woken and woken[0] == name else "")
             if out:
                 worked = True
-                self.process(name, float(out[0]), self._with_pixels(out[1:]))
+                self.process(name, float(out[0]), self._with_pixels(out[1:], prefetched))
         return worked
 
-    def _with_pixels(self, claimed: list) -> list[tuple]:
-        """The claim script's rows as `_load` returns them, their pixels read with one MGET (None where gone)."""
+    def _claim(self, name: str, woken_uuid: str) -> tuple[list, dict[str, bytes | None]]:
+        """The claim script's answer for `name`; after a wake-up token naming a request, that request's pixels
+        are read in the same round trip ({uuid: pixels}, usually the task claimed)."""
+        keys = [self.keys.queue(name), self.keys.proc(self.id)]
+        args = [self.batch_images, MAX_CLAIM, self.keys.prefix, name]
+        if not TASK_UUID.fullmatch(woken_uuid):
+            return self.scripts.claim(keys=keys, args=args), {}
+
+        def build(pipe: Any) -> None:
+            queue_script(pipe, self.scripts.claim, keys, args)
+            pipe.get(self.keys.blob(woken_uuid))
+
+        out, pixels = execute(self.client, self.scripts, build)
+        return out, {woken_uuid: pixels}
+
+    def _with_pixels(self, claimed: list, prefetched: dict[str, bytes | None]) -> list[tuple]:
+        """The claim script's rows as `_load` returns them, with their pixels (None where gone): those read
+        with the claim, the others with one MGET."""
         items = [raw[0].decode() for raw in claimed]
-        blobs = self.client.mget([self.keys.blob(split_item(item)[1]) for item in items])
+        uuids = [split_item(item)[1] for item in items]
+        missing = [u for u in uuids if u not in prefetched]
+        if missing:
+            read = self.client.mget([self.keys.blob(u) for u in missing])
+            prefetched = {**prefetched, **dict(zip(missing, read, strict=True))}
+        blobs = [prefetched[u] for u in uuids]
         return [
             (item, header, created, attempts, blob, stored, signature)
             for item, (_, header, created, attempts, stored, signature), blob in zip(

@@ -81,6 +81,30 @@ def test_parse_keeps_pixels_and_forwards_cosmos_rl_metadata():
     np.testing.assert_array_equal(decode_array(parsed.npy, parsed.header["shape"]), images)
 
 
+@pytest.mark.parametrize("layout", ["np.save", "fortran order", "format 2.0"])
+def test_the_worker_decodes_every_accepted_npy_as_np_load_does(layout):
+    """The worker reads np.save's own layout straight after its header; other accepted npy take np.load."""
+    images = np.random.default_rng(5).integers(0, 256, (3, 5, 7, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    if layout == "format 2.0":
+        np.lib.format.write_array(buffer, images, version=(2, 0))
+    else:
+        np.save(
+            buffer, np.asfortranarray(images) if layout == "fortran order" else images, allow_pickle=False
+        )
+    parsed = parse_enqueue(
+        json.dumps(good_header(3)).encode() + b"\n" + buffer.getvalue(),
+        known_rewards=["jpeg_compressibility"],
+        **LIMITS,
+    )
+    decoded = decode_array(parsed.npy, parsed.header["shape"])
+    assert decoded.flags.writeable and decoded.flags.c_contiguous
+    np.testing.assert_array_equal(decoded, np.load(io.BytesIO(parsed.npy), allow_pickle=False))
+    np.testing.assert_array_equal(decoded, images)
+    with pytest.raises(PayloadError, match="expected uint8"):
+        decode_array(parsed.npy, [3, 5, 7, 4])
+
+
 def test_parse_single_prompt_shared_metadata_and_video():
     video = np.zeros((2, 3, 4, 8, 8), dtype=np.uint8)
     header = {
