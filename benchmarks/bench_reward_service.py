@@ -6,7 +6,8 @@
 A real `sanarl-reward` (embedded redis-server, one worker, 127.0.0.1) scores the same float batch `[B, 3, H, W]`
 as `RewardFunction` does in this process; the two paths alternate after a warm-up (so background load hits both
 alike) and medians are printed: in-process ms, remote ms, their difference (the overhead of the hop) and ratio.
-The hop is then split, per request, into the client's body encoding, the enqueue round trip, the pull round trip
+The hop is then split, per request, into the client's input checks and body encoding (`request_body`, what
+`submit` does before it sends), the enqueue round trip, the pull round trip
 (which waits for the worker) and the worker's own scoring time (the result's `duration`); the HTTP floor is a
 token-checked ping. What the overhead is made of: overhead = remote - in-process ~= encode + enqueue + (pull -
 worker scoring) + (worker scoring - in-process scoring). The worker's scoring is its `score_uint8` call on the
@@ -31,7 +32,7 @@ from _common import environment
 from reward_service.benchmark import start_service
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.rewards.combine import RewardFunction
-from sanarl.rewards.remote import RemoteRewardFunction, RemoteTask, _request, encode_request
+from sanarl.rewards.remote import RemoteRewardFunction, RemoteTask, _request
 
 STAGES = ("encode", "enqueue", "pull", "worker scoring", "ping (HTTP floor)")
 
@@ -42,13 +43,11 @@ def _images(count: int, size: int) -> torch.Tensor:
 
 
 def _one_remote(fn: RemoteRewardFunction, images: torch.Tensor, prompts: list[str]) -> dict[str, float]:
-    """One request through the service, timed stage by stage (seconds); what `fn(images, prompts)` does."""
-    header = {"prompts": prompts, "reward_fn": fn._reward_fn(False), "media_type": "image",
-              "metadata": [{}] * len(prompts), "request_id": secrets.token_hex(8)}  # fmt: skip
+    """One request through the service, timed stage by stage (seconds): what `fn(images, prompts)` does."""
     t0 = time.perf_counter()
-    body = encode_request(header, images)
+    body, bad = fn.request_body(images, prompts)  # the input checks and the encoding, as `submit` does them
     t1 = time.perf_counter()
-    task = RemoteTask(fn, fn._enqueue(body), len(prompts), torch.zeros(len(prompts), dtype=torch.bool), body)
+    task = RemoteTask(fn, fn._enqueue(body), len(prompts), bad, body)
     t2 = time.perf_counter()
     answers = {name: fn._pull(task, name) for name in fn.names}
     t3 = time.perf_counter()

@@ -80,7 +80,7 @@ def from_uint8(pixels: torch.Tensor) -> torch.Tensor:
     return _remember(pixels.float().div_(255.0), True)
 
 
-def _known_finite(images: torch.Tensor) -> bool | None:
+def known_finite(images: torch.Tensor) -> bool | None:
     """Whether every pixel of `images` is finite, when `check_images` returned this very tensor unchanged since
     (same object, same version counter: in-place writes bump it); None when it did not."""
     ref = _CHECKED.ref
@@ -103,7 +103,7 @@ def check_images(images: Any, reward: str) -> torch.Tensor:
             f"reward {reward!r} takes images as a float tensor [B, 3, H, W] with values in [0, 1]; {problem}. "
             "Pass decoded images in that layout (e.g. (vae_output / 2 + 0.5).clamp(0, 1))."
         )
-    if _known_finite(images) is not None:
+    if known_finite(images) is not None:
         return images
     images = images.detach()
     low, high = (float(v) for v in images.aminmax())
@@ -259,7 +259,7 @@ class Reward(ABC):
         prompts, meta = check_batch(images, prompts, metadata, self.name)
         if not self._ready:
             self.setup(self.device)
-        bad = None if _known_finite(images) else ~torch.isfinite(images).flatten(1).all(dim=1)
+        bad = None if known_finite(images) else ~torch.isfinite(images).flatten(1).all(dim=1)
         if bad is not None and not bool(bad.any()):
             bad = None
         if bad is not None:

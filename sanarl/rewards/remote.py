@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError
-from sanarl.rewards.base import RewardInputError, check_batch, check_images, to_uint8
+from sanarl.rewards.base import RewardInputError, check_batch, check_images, known_finite, to_uint8
 from sanarl.rewards.combine import RewardFailure, RewardResult, Scored, combine_scores
 from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
 from sanarl.rewards.video import frames_as_images
@@ -363,6 +363,17 @@ class RemoteRewardFunction:
 
         `images` are `[B, 3, H, W]` in [0, 1], or video clips `[B, 3, T, H, W]` (sent with media_type "video";
         the service scores every `video_frame_stride`-th frame and reduces by `video_frame_reduction`)."""
+        body, bad = self.request_body(images, prompts, metadata)
+        return RemoteTask(self, self._enqueue(body), len(bad), bad, body)
+
+    def request_body(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> tuple[bytes, torch.Tensor]:
+        """The enqueue body of one batch (inputs checked as `submit` takes them) and its samples with non-finite
+        pixels (`[B]` bool: sent as zeros, their scores become NaN)."""
         label = "+".join(self.names)
         video = isinstance(images, torch.Tensor) and images.ndim == 5
         if video:
@@ -371,8 +382,10 @@ class RemoteRewardFunction:
         else:
             images = check_images(images, label)
         prompt_list, meta = check_batch(images, prompts, metadata, label)
-        # one reduction per sample: finite pixels in [0, 1] always have a finite float32 sum
-        bad = ~torch.isfinite(images.flatten(1).sum(dim=1, dtype=torch.float32)).cpu()
+        if known_finite(images):  # check_images found every pixel finite: nothing to read again
+            bad = torch.zeros(images.shape[0], dtype=torch.bool)
+        else:  # one reduction per sample: finite pixels in [0, 1] always have a finite float32 sum
+            bad = ~torch.isfinite(images.flatten(1).sum(dim=1, dtype=torch.float32)).cpu()
         if bool(bad.any()):
             keep = (~bad).to(images.device).view(-1, *[1] * (images.ndim - 1))
             images = torch.where(keep, images, torch.zeros_like(images))
@@ -383,8 +396,7 @@ class RemoteRewardFunction:
             "metadata": meta,
             "request_id": str(uuidlib.uuid4()),
         }
-        body = encode_request(header, images)
-        return RemoteTask(self, self._enqueue(body), len(prompt_list), bad, body)
+        return encode_request(header, images), bad
 
     def _reward_fn(self, video: bool) -> dict[str, Any]:
         """`reward_fn` of a request: `{name: weight}` (Cosmos-RL's form); for clips each value is an object with
