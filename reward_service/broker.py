@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 import uuid as uuidlib
 from collections import defaultdict
@@ -224,11 +225,17 @@ class AsyncBroker:
                     "error": f"uuid {task_uuid!r} was enqueued for {names}, not {reward!r}.",
                 },
             )
-        age = sec + usec / 1e6 - float(created)
+        try:
+            age = sec + usec / 1e6 - float(created)
+        except (
+            ValueError
+        ):  # `created` changed in Redis (it is not signed): the worker that claims it fails it
+            age = math.nan
         if age > self.limits.task_deadline_s:
             await self._fail(task_uuid, reward, int(count), age)
             return await self.state(task_uuid, reward)
-        return Answer(PENDING_STATUS, {"status": "pending", **ident, "age_s": round(age, 3)})
+        age_s = round(age, 3) if math.isfinite(age) else None
+        return Answer(PENDING_STATUS, {"status": "pending", **ident, "age_s": age_s})
 
     async def _fail(self, task_uuid: str, reward: str, count: int, age: float) -> None:
         """Fail a task past its deadline (queued, or held by a worker that is too slow)."""

@@ -25,6 +25,7 @@ import argparse
 import hmac
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -420,12 +421,19 @@ class Worker:
         for item, header, created, attempts, blob, stored, _ in rows:
             task_uuid = split_item(item)[1]
             done = stored is not None and genuine(self.key, task_uuid, name, stored)
+            waited = _seconds_since(created, now)
             if done or header is None or blob is None:
                 settled[item] = None
-            elif now - float(created) > deadline:
+            elif (
+                waited is None
+            ):  # `created` is not covered by the signature: changed in Redis, it fails the task
+                settled[item] = Outcome(
+                    error=f"reward {name!r}: stored task unreadable: created = {created!r}"
+                )
+            elif waited > deadline:
                 error = (
                     f"reward {name!r}: no worker took this task within limits.task_deadline_s = {deadline:g} s "
-                    f"(it waited {now - float(created):.1f} s); the service is overloaded."
+                    f"(it waited {waited:.1f} s); the service is overloaded."
                 )
                 settled[item] = Outcome(error=error)
             else:
@@ -490,6 +498,15 @@ class Worker:
                 replace,
             ],
         )
+
+
+def _seconds_since(created: bytes | None, now: float) -> float | None:
+    """Seconds from a task's stored `created` (Redis time) to `now`; None when it is not a finite number."""
+    try:
+        waited = now - float(created)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return waited if math.isfinite(waited) else None
 
 
 def _signed_by_api(key: bytes, task_uuid: str, header: bytes, pixels: bytes, signature: bytes | None) -> bool:

@@ -548,6 +548,25 @@ def test_a_header_changed_in_redis_fails_its_task_and_the_workers_go_on(svc, hea
     assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
 
 
+@pytest.mark.parametrize("created", [b"yesterday", b"nan"])
+def test_a_creation_time_changed_in_redis_fails_its_task_and_the_workers_go_on(svc, created):
+    """A task's `created` (Redis time, not covered by the signature) replaced with something that is no time: pulls
+    keep answering pending, the worker that claims the task fails it naming the field, the workers go on."""
+    blockers = occupy_both_workers(svc, sleep=1.0)
+    uuid = enqueue_ok(svc.a, body(images(1, 8, seed=35), {"slow_mean": 1.0}))
+    assert svc.redis.hset(f"{PREFIX}task:{uuid}", "created", created) == 0  # replaced, not added
+    status, answer = svc.a.pull(uuid, "slow_mean")
+    assert status == 400 and answer["status"] == "pending" and answer["age_s"] is None
+    status, answer = svc.a.result(uuid, "slow_mean")
+    assert status == 500 and "stored task unreadable: created" in answer["error"] and "scores" not in answer
+    for blocker in blockers:
+        assert svc.a.result(blocker, "slow_mean")[0] == 200
+    pixels = images(2, 8, seed=36)
+    status, answer = svc.a.result(enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0})), "slow_mean")
+    assert status == 200
+    assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
+
+
 def test_scripts_redis_lost_are_loaded_again(svc):
     """SCRIPT FLUSH (a Redis that restarted without them) while a worker scores, then before an enqueue: the worker's
     finish pipeline and the API's enqueue pipeline load the scripts and send again; both requests are scored."""
