@@ -11,8 +11,9 @@ The hop is then split, per request, into the client's input checks and body enco
 (which waits for the worker) and the worker's own scoring time (the result's `duration`); the HTTP floor is a
 token-checked ping. What the overhead is made of: overhead = remote - in-process ~= encode + enqueue + (pull -
 worker scoring) + (worker scoring - in-process scoring). The worker's scoring is its `score_uint8` call on the
-pixels as received: a reward that judges uint8 pixels (jpeg, shapes) skips the float round trip that in-process
-scoring makes (`to_uint8`), a float reward pays the uint8 -> float decode in it.
+pixels as received: a reward that judges uint8 pixels (jpeg, shapes) scores them as they are (the quantisation
+in-process scoring does inside the reward is the client's encoding here), a float reward pays the uint8 -> float
+decode in it.
 """
 
 from __future__ import annotations

@@ -227,9 +227,7 @@ class AsyncBroker:
             )
         try:
             age = sec + usec / 1e6 - float(created)
-        except (
-            ValueError
-        ):  # `created` changed in Redis (it is not signed): the worker that claims it fails it
+        except ValueError:  # `created` changed in Redis (not signed): pending here, the worker fails the task
             age = math.nan
         if age > self.limits.task_deadline_s:
             await self._fail(task_uuid, reward, int(count), age)

@@ -70,8 +70,8 @@ CLAIM = (
 -- KEYS: queue, proc    ARGV: image budget, max items, prefix, reward
 -- Moves items from the queue's consumer end to the processing list while their image counts fit the budget
 -- (the first item always moves: one large request is still scored, the reward batches it internally), and
--- returns what scoring them needs but the pixels (the worker reads those with one MGET: a large value costs
--- several times more as a script's answer):
+-- returns what scoring them needs but the pixels (the worker reads those beside the claim or with one MGET: a
+-- large value costs several times more as a script's answer):
 --   {now, {item, header, created, attempts, stored result, signature}, ...}   (false where a key is gone)
 local budget, limit, prefix, name = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local out, taken, total = {string.format('%.6f', now())}, 0, 0

@@ -424,9 +424,7 @@ class Worker:
             waited = _seconds_since(created, now)
             if done or header is None or blob is None:
                 settled[item] = None
-            elif (
-                waited is None
-            ):  # `created` is not covered by the signature: changed in Redis, it fails the task
+            elif waited is None:  # `created` is not signed: changed in Redis to a non-time, it fails the task
                 settled[item] = Outcome(
                     error=f"reward {name!r}: stored task unreadable: created = {created!r}"
                 )

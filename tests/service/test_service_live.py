@@ -584,6 +584,19 @@ def test_scripts_redis_lost_are_loaded_again(svc):
     assert status == 200 and answer["scores"]["mean"] == pytest.approx([fresh.mean() / 255], abs=1e-6)
 
 
+def test_the_enqueue_script_queues_nothing_whose_pixels_are_not_stored(svc):
+    """lua.ENQUEUE runs after the SET of the pixels; when that SET did not store them, it answers 'lost' and
+    writes nothing (the API then answers 503 and the client retries)."""
+    keys, scripts = Keys("losttest:"), Scripts.register(svc.redis)
+    header = json.dumps({"shape": [1, 1, 1, 3], "media_type": "image"})
+    out = scripts.enqueue(
+        keys=[keys.task("u2"), keys.blob("u2"), keys.request_id("-"), keys.pending],
+        args=["u2", header, 1, 10, 60, "", keys.prefix, '["jpeg_compressibility"]', 10, "sig"],
+    )
+    assert out == [b"lost", b""]
+    assert list(svc.redis.scan_iter(match="losttest:*")) == []
+
+
 def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
     """Lua REAP on the real Redis (separate key prefix, no worker serves it): requeue, count, fail at max."""
     config = loads_service_config(

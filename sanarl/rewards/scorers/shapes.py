@@ -14,7 +14,8 @@ exclude). Keys:
 - `objects`: number of detected objects (any class, including "other").
 - `extra`: detected objects minus the prompt's object count (> 0: clutter beyond the prompt; < 0: missing ones).
 Pixels are judged as uint8 `round(255 x)` (a `Uint8Reward`: float images go through `sanarl.rewards.base.to_uint8`,
-the reward service's pixels are judged as received), so in-process and remote scores are equal. With `stats=True` (default), off-target statistics that expose reward hacking (`shapes_world.image_stats`):
+the reward service's pixels are judged as received), so in-process and remote scores are equal. With `stats=True`
+(default), off-target statistics that expose reward hacking (`shapes_world.image_stats`):
 - `background`: fraction of background pixels; `specks`: foreground blobs too small to be objects;
   `entropy`: colour-histogram entropy in bits (flat background 0, uniform noise ~9).
 """
