@@ -255,6 +255,7 @@ class Reward(ABC):
         Samples with non-finite pixels are not scored: they get NaN for every key (dropped and counted by the
         combiner). Raises RewardInputError for bad inputs.
         """
+        self.check_rows(prompts, metadata)
         images = self.check_input(images)
         prompts, meta = check_batch(images, prompts, metadata, self.name)
         if not self._ready:
@@ -287,6 +288,10 @@ class Reward(ABC):
         require_uint8(pixels, self.name)
         return self.score(from_uint8(pixels), prompts, metadata)
 
+    def check_rows(self, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None) -> None:  # noqa: B027
+        """Raise RewardInputError for prompts / metadata this reward cannot score; both entry points (`score`,
+        `score_uint8`) call it first, before any model loads. Rewards that score any rows need nothing here."""
+
     def check_input(self, images: Any) -> torch.Tensor:
         """Validate the batch layout and range (images `[B, 3, H, W]`; video-native rewards override this)."""
         return check_images(images, self.name)
@@ -317,6 +322,7 @@ class Uint8Reward(Reward):
         prompts: Sequence[str],
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, torch.Tensor]:
+        self.check_rows(prompts, metadata)
         pixels = self.check_uint8_input(pixels)
         prompts, meta = check_batch(pixels, prompts, metadata, self.name)
         if not self._ready:

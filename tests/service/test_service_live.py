@@ -528,6 +528,17 @@ def test_pixels_changed_in_redis_after_enqueue_never_get_a_score(svc):
         assert svc.a.result(blocker, "slow_mean")[0] == 200
 
 
+def assert_workers_go_on(svc, blockers: list[str], seed: int) -> None:
+    """After a task failed on data changed in Redis: the tasks that held the workers were scored, and a fresh
+    request is scored right."""
+    for blocker in blockers:
+        assert svc.a.result(blocker, "slow_mean")[0] == 200
+    pixels = images(2, 8, seed=seed)
+    status, answer = svc.a.result(enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0})), "slow_mean")
+    assert status == 200
+    assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "header", [b"not json", b'{"shape": [1, 8, 8, 3]}'], ids=["not-json", "no-media-type"]
 )
@@ -540,12 +551,7 @@ def test_a_header_changed_in_redis_fails_its_task_and_the_workers_go_on(svc, hea
     assert svc.redis.hset(f"{PREFIX}task:{uuid}", "header", header) == 0  # replaced, not added
     status, answer = svc.a.result(uuid, "slow_mean")
     assert status == 500 and "fails its signature check" in answer["error"] and "scores" not in answer
-    for blocker in blockers:
-        assert svc.a.result(blocker, "slow_mean")[0] == 200
-    pixels = images(2, 8, seed=34)
-    status, answer = svc.a.result(enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0})), "slow_mean")
-    assert status == 200
-    assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
+    assert_workers_go_on(svc, blockers, seed=34)
 
 
 @pytest.mark.parametrize("created", [b"yesterday", b"nan"])
@@ -559,12 +565,7 @@ def test_a_creation_time_changed_in_redis_fails_its_task_and_the_workers_go_on(s
     assert status == 400 and answer["status"] == "pending" and answer["age_s"] is None
     status, answer = svc.a.result(uuid, "slow_mean")
     assert status == 500 and "stored task unreadable: created" in answer["error"] and "scores" not in answer
-    for blocker in blockers:
-        assert svc.a.result(blocker, "slow_mean")[0] == 200
-    pixels = images(2, 8, seed=36)
-    status, answer = svc.a.result(enqueue_ok(svc.a, body(pixels, {"slow_mean": 1.0})), "slow_mean")
-    assert status == 200
-    assert answer["scores"]["mean"] == pytest.approx(pixels.reshape(2, -1).mean(1) / 255, abs=1e-6)
+    assert_workers_go_on(svc, blockers, seed=36)
 
 
 def test_scripts_redis_lost_are_loaded_again(svc):

@@ -228,28 +228,9 @@ class GenEvalReward(Uint8Reward, ModelReward):
         )
         self.colors = ColorClassifier(encoder)
 
-    def score(
-        self,
-        images: torch.Tensor,
-        prompts: Sequence[str],
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """As `Reward.score`; metadata (one GenEval row per image) is required, checked before any model loads."""
-        self._check_rows(prompts, metadata)
-        return super().score(images, prompts, metadata)
-
-    def score_uint8(
-        self,
-        pixels: torch.Tensor,
-        prompts: Sequence[str],
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """As `Uint8Reward.score_uint8`; metadata is checked before any model loads, as in `score`."""
-        self._check_rows(prompts, metadata)
-        return super().score_uint8(pixels, prompts, metadata)
-
-    def _check_rows(self, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None) -> None:
-        """RewardInputError naming the prompt whose GenEval metadata is missing or malformed."""
+    def check_rows(self, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None) -> None:
+        """RewardInputError naming the prompt whose GenEval metadata (one row per image, required) is missing or
+        malformed: checked by both entry points before any model loads."""
         if metadata is None:
             rules.check_metadata(str(prompts[0]) if len(prompts) else "", {}, self.name)
         if isinstance(metadata, Sequence) and len(metadata) == len(prompts):
