@@ -1,11 +1,13 @@
 """The reward service's fixed cost per request, measured side by side with in-process scoring.
 
-    python benchmarks/bench_reward_service.py                       # 24 images of 64x64, 1 worker, 60 repeats
+    python benchmarks/bench_reward_service.py                       # 24 images of 64x64, both designs, 60 repeats
     python benchmarks/bench_reward_service.py --images 4 --size 32 --repeats 3     # what CI runs
 
-A real `sanarl-reward` (embedded redis-server, one worker, 127.0.0.1) scores the same float batch `[B, 3, H, W]`
-as `RewardFunction` does in this process; the two paths alternate after a warm-up (so background load hits both
-alike) and medians are printed: in-process ms, remote ms, their difference (the overhead of the hop) and ratio.
+Two real `sanarl-reward` services on 127.0.0.1 score the same float batch `[B, 3, H, W]` as `RewardFunction` does
+in this process: `workers` (the default design: embedded redis-server, one worker process) and `inline` (`[workers]
+inline = true`: the API process scores, no Redis, no worker process; `--designs` picks). In-process scoring and
+one request to each service alternate after a warm-up (so background load hits all alike) and medians are printed
+per design: in-process ms, remote ms, their difference (the overhead of the hop) and ratio, and inline / workers.
 The hop is then split, per request, into the client's input checks and body encoding (`request_body`, what
 `submit` does before it sends), the enqueue round trip, the pull round trip
 (which waits for the worker) and the worker's own scoring time (the result's `duration`); the HTTP floor is a
@@ -62,39 +64,63 @@ def _one_remote(fn: RemoteRewardFunction, images: torch.Tensor, prompts: list[st
             "worker scoring": scoring, "ping (HTTP floor)": t5 - t4}  # fmt: skip
 
 
-def measure(url: str, token: str, reward: str, images: torch.Tensor, repeats: int) -> dict[str, list[float]]:
+DESIGNS = ("workers", "inline")
+"""The two ways the service scores: worker processes fed through Redis (the default), and `[workers] inline =
+true` (the API process scores on a thread: no Redis, no worker process)."""
+
+
+def measure(
+    urls: dict[str, str], token: str, reward: str, images: torch.Tensor, repeats: int
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds per stage of each design's requests (`_one_remote`) and of in-process scoring, interleaved: each
+    repeat runs in-process, then one request to each service, so background load hits all alike."""
     config = RemoteRewardConfig(reward_fns=[RewardFnConfig(name=reward)])
     local = RewardFunction(config)
-    remote = RemoteRewardFunction(
-        config, enqueue_url=f"{url}/api/reward/enqueue", fetch_url=f"{url}/api/reward/pull", token=token
-    )
+    remotes = {
+        design: RemoteRewardFunction(
+            config, enqueue_url=f"{url}/api/reward/enqueue", fetch_url=f"{url}/api/reward/pull", token=token
+        )
+        for design, url in urls.items()
+    }
     prompts = ["benchmark"] * len(images)
-    for _ in range(2):  # warm-up: connections, the worker's first batch, allocator
+    for _ in range(2):  # warm-up: connections, the first batch, allocator
         local(images, prompts)
-        _one_remote(remote, images, prompts)
-    samples: dict[str, list[float]] = {"in-process": []}
+        for remote in remotes.values():
+            _one_remote(remote, images, prompts)
+    samples: dict[str, dict[str, list[float]]] = {design: {"in-process": []} for design in remotes}
     for _ in range(repeats):
         start = time.perf_counter()
         local(images, prompts)
-        samples["in-process"].append(time.perf_counter() - start)
-        for key, seconds in _one_remote(remote, images, prompts).items():
-            samples.setdefault(key, []).append(seconds)
+        seconds = time.perf_counter() - start
+        for design, remote in remotes.items():
+            samples[design]["in-process"].append(seconds)
+            for key, value in _one_remote(remote, images, prompts).items():
+                samples[design].setdefault(key, []).append(value)
     return samples
 
 
-def report(samples: dict[str, list[float]], images: int, size: int) -> None:
-    ms = {key: 1000 * statistics.median(values) for key, values in samples.items()}
+def report(samples: dict[str, dict[str, list[float]]], images: int, size: int) -> None:
+    ms = {
+        design: {key: 1000 * statistics.median(values) for key, values in stages.items()}
+        for design, stages in samples.items()
+    }
+    first = next(iter(samples.values()))
     print(
-        f"reward service hop, {images} images of {size}x{size}, medians of {len(samples['remote'])} requests"
+        f"reward service hop, {images} images of {size}x{size}, medians of {len(first['remote'])} requests each"
     )
-    print(f"  in-process ms (p50)     {ms['in-process']:8.2f}")
-    print(f"  remote ms (p50)         {ms['remote']:8.2f}")
-    print(f"  overhead remote - in-process ms = {ms['remote'] - ms['in-process']:.2f}")
-    print(f"  ratio remote / in-process = {ms['remote'] / ms['in-process']:.3f}")
-    print("  stages of one remote request (ms, p50):")
+    print(f"  in-process ms (p50)     {next(iter(ms.values()))['in-process']:8.2f}")
+    for design, row in ms.items():
+        print(f"  {design}: remote ms (p50) {row['remote']:8.2f}")
+        print(f"  {design}: overhead remote - in-process ms = {row['remote'] - row['in-process']:.2f}")
+        print(f"  {design}: ratio remote / in-process = {row['remote'] / row['in-process']:.3f}")
+    if len(ms) == 2:
+        a, b = ms["inline"], ms["workers"]
+        print(f"  inline / workers remote ms = {a['remote'] / b['remote']:.3f}")
+    print("  stages of one remote request (ms, p50):   " + "".join(f"{d:>10}" for d in ms))
     for stage in STAGES:
-        print(f"    {stage:<20} {ms[stage]:8.2f}")
-    print(f"    pull - worker scoring (waits, wake-ups, Redis) {ms['pull'] - ms['worker scoring']:.2f}")
+        print(f"    {stage:<38}" + "".join(f"{row[stage]:10.2f}" for row in ms.values()))
+    label = "pull - worker scoring (waits, hand-offs)"
+    print(f"    {label:<38}" + "".join(f"{row['pull'] - row['worker scoring']:10.2f}" for row in ms.values()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,17 +130,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of this process")
+    parser.add_argument(
+        "--designs", nargs="+", choices=DESIGNS, default=list(DESIGNS), help="services to time"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     token = secrets.token_urlsafe(32)
     images = _images(args.images, args.size)
     with tempfile.TemporaryDirectory(prefix="sanarl-bench-service-") as tmp:
-        process, url = start_service(Path(tmp), args.reward, 1, token)
+        processes, urls = [], {}
         try:
-            samples = measure(url, token, args.reward, images, args.repeats)
+            for design in args.designs:
+                process, urls[design] = start_service(
+                    Path(tmp), args.reward, 1, token, inline=design == "inline"
+                )
+                processes.append(process)
+            samples = measure(urls, token, args.reward, images, args.repeats)
         finally:
-            process.terminate()
-            process.wait(timeout=60)
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=60)
     print(f"{environment()}, redis-py reply parser: {_reply_parser()}")
     report(samples, args.images, args.size)
 

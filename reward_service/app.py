@@ -21,7 +21,7 @@ import hmac
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
@@ -36,12 +36,14 @@ from reward_service.broker import (
     AsyncBroker,
     QueueFull,
     RequestIdConflict,
-    health_figures,
 )
 from reward_service.config import REWARD_NAME, ServiceConfig
 from reward_service.keys import Keys
-from reward_service.signing import body_digest, pixels_digest, result_key
+from reward_service.signing import BodyDigests, result_key
 from reward_service.wire_format import REQUEST_ID, EnqueueRequest, PayloadError, parse_enqueue
+
+if TYPE_CHECKING:
+    from reward_service.inline import InlineBroker
 
 FORM_LIMIT = 64 * 1024
 """Largest pull / ping form body."""
@@ -88,11 +90,33 @@ class Settings:
             )
 
 
-def create_app(config: ServiceConfig, *, token: str, redis_url: str) -> FastAPI:
-    """The service's FastAPI app for `config`, checking `token`, keeping its state in the Redis at `redis_url`."""
+@contextlib.asynccontextmanager
+async def _inline(app: FastAPI, config: ServiceConfig, scorer: InlineBroker | None) -> AsyncIterator[None]:
+    """`workers.inline`: score on `scorer`'s thread (built here, models loaded, when not given) while the app
+    serves."""
+    from reward_service.inline import inline_broker
+
+    broker = scorer or inline_broker(config)
+    broker.start(asyncio.get_running_loop())
+    app.state.broker = broker
+    try:
+        yield
+    finally:
+        broker.stop()
+
+
+def create_app(
+    config: ServiceConfig, *, token: str, redis_url: str, scorer: InlineBroker | None = None
+) -> FastAPI:
+    """The service's FastAPI app for `config`, checking `token`, keeping its state in the Redis at `redis_url`;
+    with `workers.inline`, in this process instead (`scorer`, or one built at start-up; `redis_url` unused)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if config.workers.inline:
+            async with _inline(app, config, scorer):
+                yield
+            return
         client = aioredis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
         broker = AsyncBroker(
             client, Keys(config.redis_prefix), config.limits, config.workers, key=result_key(token)
@@ -112,10 +136,10 @@ def create_app(config: ServiceConfig, *, token: str, redis_url: str) -> FastAPI:
     )
     enabled = tuple(entry.reward_type for entry in config.enabled_rewards())
     app.state.settings = Settings(config, _digest(token), enabled)
-    app.add_api_route("/api/reward/enqueue", enqueue, methods=["POST"])
-    app.add_api_route("/api/reward/pull", pull, methods=["POST"])
-    app.add_api_route("/api/reward/ping", ping, methods=["POST"])
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_route("/api/reward/enqueue", enqueue, methods=["POST"])
+    app.add_route("/api/reward/pull", pull, methods=["POST"])
+    app.add_route("/api/reward/ping", ping, methods=["POST"])
+    app.add_route("/health", health, methods=["GET"])
     _install_handlers(app)
     return app
 
@@ -126,18 +150,20 @@ async def enqueue(request: Request) -> Response:
     settings.authorize(request)
     limits = settings.config.limits
     body = await _read_body(request, limits.max_payload_bytes)
-    broker: AsyncBroker = request.app.state.broker
+    broker: AsyncBroker | InlineBroker = request.app.state.broker
     known = set(settings.enabled) | await broker.served_rewards()
 
-    def parse() -> tuple[EnqueueRequest, bytes, str]:
+    def parse(hash_now: bool) -> tuple[EnqueueRequest, BodyDigests]:
         parsed = parse_enqueue(
             body, max_images=limits.max_images, max_json_bytes=limits.max_json_bytes, known_rewards=known
         )
-        pixels = pixels_digest(parsed.npy)  # the only pass over the pixels in the API
-        json_line = body[: len(body) - len(parsed.npy)]
-        return parsed, pixels, body_digest(json_line, pixels) if parsed.request_id else ""
+        digests = BodyDigests(body, parsed.npy, parsed.request_id)  # one pass over the pixels, when needed
+        if hash_now:
+            digests.request  # noqa: B018 (computed here, off the event loop)
+        return parsed, digests
 
-    parsed, pixels, digest = await run_in_threadpool(parse) if len(body) > THREAD_PARSE_BYTES else parse()
+    large = len(body) > THREAD_PARSE_BYTES
+    parsed, digests = await run_in_threadpool(parse, True) if large else parse(False)
     missing = await broker.without_worker(list(parsed.rewards))
     if missing:
         raise Refusal(
@@ -147,7 +173,7 @@ async def enqueue(request: Request) -> Response:
             headers={"Retry-After": "1"},
             no_worker=missing,
         )
-    return JSONResponse({"uuid": await broker.enqueue(parsed, pixels, digest)})
+    return JSONResponse({"uuid": await broker.enqueue(parsed, digests)})
 
 
 async def pull(request: Request) -> Response:
@@ -170,7 +196,7 @@ async def health(request: Request) -> Response:
     """Redis reachable, live workers per reward, queue depth, latency; worker details only with the token."""
     settings: Settings = request.app.state.settings
     try:
-        figures = await health_figures(request.app.state.broker, list(settings.enabled))
+        figures = await request.app.state.broker.figures(list(settings.enabled))
     except RedisError as exc:  # its text names the Redis address: only for holders of the token
         redis_state: dict[str, Any] = {"ok": False}
         if settings.authorized(request):
@@ -178,7 +204,10 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "unavailable", "redis": redis_state}, 503)
     missing = [name for name in settings.enabled if figures["rewards"][name]["workers"] == 0]
     status = "degraded" if missing else "ok"
-    body: dict[str, Any] = {"status": status, "redis": {"ok": True}, "pending": figures["pending"]}
+    store = (
+        {"inline": True} if settings.config.workers.inline else {"redis": {"ok": True}}
+    )  # no Redis when inline
+    body: dict[str, Any] = {"status": status, **store, "pending": figures["pending"]}
     body["rewards"] = figures["rewards"]
     if missing:
         body["no_worker"] = missing

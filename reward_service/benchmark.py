@@ -47,12 +47,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_service(directory: Path, reward: str, workers: int, token: str) -> tuple[subprocess.Popen, str]:
-    """A `sanarl-reward` process with `workers` workers serving `reward`; returns (process, base URL) once healthy."""
+def start_service(
+    directory: Path, reward: str, workers: int, token: str, inline: bool = False
+) -> tuple[subprocess.Popen, str]:
+    """A `sanarl-reward` process with `workers` workers serving `reward` (with `inline`, no workers: the API
+    process scores); returns (process, base URL) once healthy."""
     port = _free_port()
-    config = directory / f"bench-{workers}.toml"
+    config = directory / f"bench-{workers}{'-inline' if inline else ''}.toml"
+    mode = "inline = true" if inline else f"count = {workers}"
     config.write_text(
-        f'port = {port}\ntoken = "{token}"\nlog_level = "warning"\n[workers]\ncount = {workers}\ntorch_threads = 1\n'
+        f'port = {port}\ntoken = "{token}"\nlog_level = "warning"\n[workers]\n{mode}\ntorch_threads = 1\n'
         f'[limits]\nmax_pending_tasks = 100000\n[[reward_args]]\nreward_type = "{reward}"\n'
         f'[redis]\ndata_dir = "{directory / f"redis-{workers}"}"\n'  # its queue folder goes with the run
     )

@@ -16,6 +16,7 @@ import math
 import time
 import uuid as uuidlib
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from reward_service.config import LimitsConfig, WorkersConfig
 from reward_service.keys import WAKE_CAP, Keys, queue_item, split_item
 from reward_service.lua import Scripts, aexecute, queue_script
-from reward_service.signing import ForgedResult, open_result, sign, task_signature
+from reward_service.signing import BodyDigests, ForgedResult, open_result, sign, task_signature
 from reward_service.wire_format import EnqueueRequest
 
 log = logging.getLogger("reward_service.broker")
@@ -136,14 +137,15 @@ class AsyncBroker:
                 "workers; retry later."
             )
 
-    async def enqueue(self, request: EnqueueRequest, pixels: bytes, digest: str) -> str:
-        """Queue one task per reward; returns the uuid (the existing one for a repeated request id). `pixels` is
-        `signing.pixels_digest` of the npy, `digest` the request id's `signing.body_digest` ('' without an id).
+    async def enqueue(self, request: EnqueueRequest, digests: BodyDigests) -> str:
+        """Queue one task per reward, signed with `digests.pixels`; returns the uuid (the existing one for a
+        repeated request id, whose body must have the same `digests.request`).
 
         Raises QueueFull (429), RequestIdConflict (409) or RedisError (503)."""
         await self._check_memory()
         task_uuid = str(uuidlib.uuid4())
-        kind, value = await self._queue(task_uuid, request, pixels, digest)
+        digest = digests.request
+        kind, value = await self._queue(task_uuid, request, digests.pixels, digest)
         if kind == "full":
             raise QueueFull(
                 f"the queue is full ({value} of limits.max_pending_tasks = {self.limits.max_pending_tasks} tasks "
@@ -206,25 +208,10 @@ class AsyncBroker:
         if stored is not None:
             return self._answer(stored, ident)
         if created is None:
-            return Answer(
-                404,
-                {
-                    "status": "unknown",
-                    **ident,
-                    "error": f"uuid {task_uuid!r} is unknown or expired (results are kept "
-                    f"limits.result_ttl_s = {self.limits.result_ttl_s:g} s); enqueue the images again.",
-                },
-            )
+            return unknown_answer(ident, self.limits)
         names = json.loads(rewards)
         if reward not in names:
-            return Answer(
-                404,
-                {
-                    "status": "unknown",
-                    **ident,
-                    "error": f"uuid {task_uuid!r} was enqueued for {names}, not {reward!r}.",
-                },
-            )
+            return unknown_answer(ident, self.limits, names)
         try:
             age = sec + usec / 1e6 - float(created)
         except ValueError:  # `created` changed in Redis (not signed): pending here, the worker fails the task
@@ -232,16 +219,11 @@ class AsyncBroker:
         if age > self.limits.task_deadline_s:
             await self._fail(task_uuid, reward, int(count), age)
             return await self.state(task_uuid, reward)
-        age_s = round(age, 3) if math.isfinite(age) else None
-        return Answer(PENDING_STATUS, {"status": "pending", **ident, "age_s": age_s})
+        return pending_answer(ident, age)
 
     async def _fail(self, task_uuid: str, reward: str, count: int, age: float) -> None:
         """Fail a task past its deadline (queued, or held by a worker that is too slow)."""
-        error = (
-            f"reward {reward!r} did not score this task within limits.task_deadline_s = "
-            f"{self.limits.task_deadline_s:g} s (waited {age:.1f} s): the workers are overloaded, dead or stuck; "
-            "check GET /health and the service log."
-        )
+        error = deadline_error(reward, self.limits, age)
         message = sign(
             self.key, task_uuid, reward, json.dumps({"status": "failed", "type": reward, "error": error})
         )
@@ -289,10 +271,14 @@ class AsyncBroker:
                 if not self._waiters[key]:
                     self._waiters.pop(key, None)
 
+    async def figures(self, enabled: list[str]) -> dict[str, Any]:
+        """What /health reports: `health_figures`."""
+        return await health_figures(self, enabled)
+
     def _answer(self, stored: bytes, ident: dict[str, str]) -> Answer:
         """The answer of a stored result; REFUSED_STATUS (and an error in the log) when its signature fails."""
         try:
-            return _stored_answer(open_result(self.key, ident["uuid"], ident["type"], stored), ident)
+            return stored_answer(open_result(self.key, ident["uuid"], ident["type"], stored), ident)
         except ForgedResult as exc:
             if (
                 len(self._forged) < 1024 and (ident["uuid"], ident["type"]) not in self._forged
@@ -333,10 +319,39 @@ class AsyncBroker:
                     await pubsub.aclose()
 
 
-def _stored_answer(stored: dict[str, Any], ident: dict[str, str]) -> Answer:
+def stored_answer(stored: dict[str, Any], ident: dict[str, str]) -> Answer:
+    """The answer of a finished task: 200 with its result, or 500 with its failure."""
     if stored.get("status") == "done":
         return Answer(200, stored["result"])
     return Answer(500, {"status": "failed", **ident, "error": stored.get("error", "unknown error")})
+
+
+def unknown_answer(ident: dict[str, str], limits: LimitsConfig, names: list[str] | None = None) -> Answer:
+    """404 for a uuid this service does not know (or no longer keeps), or (with `names`, the rewards the request
+    asked for) a reward the request did not ask for."""
+    task_uuid, reward = ident["uuid"], ident["type"]
+    if names is None:
+        error = (
+            f"uuid {task_uuid!r} is unknown or expired (results are kept limits.result_ttl_s = "
+            f"{limits.result_ttl_s:g} s); enqueue the images again."
+        )
+    else:
+        error = f"uuid {task_uuid!r} was enqueued for {names}, not {reward!r}."
+    return Answer(404, {"status": "unknown", **ident, "error": error})
+
+
+def pending_answer(ident: dict[str, str], age: float) -> Answer:
+    """PENDING_STATUS with the task's age in seconds (null when unknown)."""
+    age_s = round(age, 3) if math.isfinite(age) else None
+    return Answer(PENDING_STATUS, {"status": "pending", **ident, "age_s": age_s})
+
+
+def deadline_error(reward: str, limits: LimitsConfig, age: float) -> str:
+    """The failure of a task `age` seconds old that nothing scored within limits.task_deadline_s."""
+    return (
+        f"reward {reward!r} did not score this task within limits.task_deadline_s = {limits.task_deadline_s:g} s "
+        f"(waited {age:.1f} s): the workers are overloaded, dead or stuck; check GET /health and the service log."
+    )
 
 
 async def health_figures(broker: AsyncBroker, enabled: list[str]) -> dict[str, Any]:
@@ -377,10 +392,15 @@ async def health_figures(broker: AsyncBroker, enabled: list[str]) -> dict[str, A
 
 
 def _latency(samples: list[bytes]) -> dict[str, float]:
-    """p50 / p99 of end-to-end seconds (enqueue -> result) and the mean scoring seconds of recent tasks."""
-    if not samples:
+    """`latency_figures` of the samples FINISH keeps (`b"<e2e>,<scoring>"`)."""
+    return latency_figures([tuple(float(x) for x in s.decode().split(",")) for s in samples])
+
+
+def latency_figures(pairs: Sequence[tuple[float, ...]]) -> dict[str, float]:
+    """p50 / p99 of end-to-end seconds (enqueue -> result) and the mean scoring seconds of recent tasks, from
+    `(end-to-end, scoring)` pairs."""
+    if not pairs:
         return {"count": 0}
-    pairs = [tuple(float(x) for x in s.decode().split(",")) for s in samples]
     e2e = sorted(p[0] for p in pairs)
 
     def pick(q: float) -> float:

@@ -3,7 +3,8 @@ reward service.
 
 Starts (in order) the API's listening socket (a port in use stops it here, before any child process), the Redis
 it uses (the external `redis_url`, checked, or an embedded redis-server), the worker processes, and the HTTP API
-under uvicorn on that socket; SIGINT / SIGTERM stop all of it. Bad input (config, reward names or options, a port
+under uvicorn on that socket (with `[workers] inline = true`: no Redis and no workers; the rewards load in this
+process, which scores them); SIGINT / SIGTERM stop all of it. Bad input (config, reward names or options, a port
 in use, missing redis-server, unreachable Redis) exits with code 2 and a one-paragraph message; `--debug` adds
 the traceback.
 """
@@ -60,6 +61,11 @@ def _load(args: argparse.Namespace):
     if args.workers is not None:
         if args.workers < 0:
             raise ConfigError(f"--workers {args.workers}: the worker count must be >= 0.")
+        if config.workers.inline:
+            raise ConfigError(
+                f"--workers {args.workers}: {config.source} sets `workers.inline = true` (scoring in the API "
+                "process, no worker processes); drop --workers or set inline = false."
+            )
         config.workers.count = args.workers
     if args.debug:
         config.log_level = "debug"
@@ -147,6 +153,7 @@ def serve(args: argparse.Namespace) -> None:
     from reward_service.config import mask_url
     from reward_service.embedded_redis import EmbeddedRedis, default_data_dir
     from reward_service.http_protocol import protocol_class
+    from reward_service.inline import inline_broker
     from reward_service.rewards_setup import build_rewards
     from reward_service.signing import result_key
     from reward_service.supervisor import Supervisor
@@ -159,26 +166,31 @@ def serve(args: argparse.Namespace) -> None:
         level=config.log_level.upper(), format="%(asctime)s sanarl-reward %(levelname)s %(message)s"
     )
     listener = bind_api_socket(config.host, config.port, config.source)
+    inline = config.workers.inline
     embedded = (
         None
-        if config.redis_url
+        if config.redis_url or inline
         else EmbeddedRedis(config.redis, default_dir=default_data_dir(config.host, config.port))
     )
-    supervisor = None
+    supervisor = scorer = None
     try:
-        url = (
-            _external_redis(config.redis_url, config.source)
-            if embedded is None
-            else _start_embedded(embedded)
-        )
-        supervisor = Supervisor(config.source, config, url, embedded, key=result_key(token)).start()
-        build_rewards(config, load=False)
+        if inline:  # the rewards load here, so a reward that cannot load stops the service before it serves
+            url, scorer = "", inline_broker(config)
+            where = "scoring in this process: workers.inline"
+        else:
+            url = (
+                _external_redis(config.redis_url, config.source)
+                if embedded is None
+                else _start_embedded(embedded)
+            )
+            supervisor = Supervisor(config.source, config, url, embedded, key=result_key(token)).start()
+            build_rewards(config, load=False)
+            where = f"redis {mask_url(url)}, {len(supervisor.slots)} worker(s)"
         names = [entry.reward_type for entry in config.enabled_rewards()]
         logging.getLogger("reward_service").info(
-            "serving %s on http://%s:%d (redis %s, %d worker(s))", names, config.host, config.port, mask_url(url),
-            len(supervisor.slots),
-        )  # fmt: skip
-        app = create_app(config, token=token, redis_url=url)
+            "serving %s on http://%s:%d (%s)", names, config.host, config.port, where
+        )
+        app = create_app(config, token=token, redis_url=url, scorer=scorer)
         uvicorn_config = uvicorn.Config(
             app,
             host=config.host,
@@ -189,6 +201,9 @@ def serve(args: argparse.Namespace) -> None:
             http=protocol_class(),  # a malformed request head gets a JSON 400 naming it
         )
         server = uvicorn.Server(uvicorn_config)
+        if supervisor is None:
+            _run_server(server, listener, config)
+            return
         supervisor.on_fatal = lambda: setattr(server, "should_exit", True)
         if supervisor.fatal is None:
             _run_server(server, listener, config)

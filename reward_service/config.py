@@ -100,6 +100,12 @@ class WorkersConfig:
     count: int = 1
     """General worker processes: each hosts every enabled reward that no `[[worker_groups]]` entry takes (0 = an
     API-only instance when there are no groups either; workers of other instances sharing the Redis do the work)."""
+    inline: bool = False
+    """Score in the API process itself, on one thread, with no Redis and no worker processes: the fewest hand-offs
+    a request can take (the lowest latency on one host). Tasks and results live in the API's memory (a restart loses
+    them: a pull then answers 404 and sanarl's client enqueues again); one instance serves alone, so `redis_url`
+    and `[[worker_groups]]` are refused with it and `[redis]`, `count`, `visibility_timeout_s`, `max_attempts` and
+    `restart_limit` are not used."""
     batch_images: int = 64
     """Most images per scoring call: queued tasks of one reward are batched across requests up to this."""
     visibility_timeout_s: float = 30.0
@@ -379,6 +385,7 @@ def _check(cfg: ServiceConfig) -> None:
     _require(w.visibility_timeout_s > 0, f"{src}: `workers.visibility_timeout_s` must be > 0.")
     _check_reward_args(cfg)
     _check_groups(cfg)
+    _check_inline(cfg)
 
 
 def _check_limits(limits: LimitsConfig, src: str) -> None:
@@ -411,6 +418,23 @@ def _check_reward_args(cfg: ServiceConfig) -> None:
     _require(
         bool(cfg.enabled_rewards()),
         f'{src}: no reward is enabled: add a [[reward_args]] table with reward_type = "..." and enable = true.',
+    )
+
+
+def _check_inline(cfg: ServiceConfig) -> None:
+    """`workers.inline` scores in the API process: nothing shares its queue, no process group exists."""
+    if not cfg.workers.inline:
+        return
+    src = cfg.source
+    _require(
+        not cfg.redis_url,
+        f"{src}: `workers.inline = true` keeps the queue in the API's memory, so `redis_url` = "
+        f"{mask_url(cfg.redis_url)!r} would not be used; remove one of the two (a shared Redis needs worker processes).",
+    )
+    _require(
+        not cfg.worker_groups,
+        f"{src}: `workers.inline = true` scores every reward in the API process, so `[[worker_groups]]` (dedicated "
+        "worker processes) cannot apply; remove the groups or set inline = false.",
     )
 
 

@@ -12,6 +12,7 @@ its header and pixels), and workers refuse to score one whose data changed in Re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -58,6 +59,26 @@ def body_digest(json_line: bytes, pixels: bytes) -> str:
     """What a request id remembers of its body: SHA-256 over the JSON line and `pixels_digest` of the npy (a
     reused id with other prompts or pixels is a conflict), without hashing the pixels a second time."""
     return hashlib.sha256(json_line + pixels).hexdigest()
+
+
+class BodyDigests:
+    """The digests of one enqueue body (`body`, whose npy part is `npy`), each computed once, when first asked for:
+    `pixels` (`pixels_digest`: the queue broker signs every task with it) and `request` (`body_digest`, what a
+    request id remembers; "" for a body without one). Scoring in the API process needs only `request`, and only
+    after the task is queued."""
+
+    def __init__(self, body: bytes, npy: bytes, request_id: str | None) -> None:
+        self._body, self._npy, self._request_id = body, npy, request_id
+
+    @functools.cached_property
+    def pixels(self) -> bytes:
+        return pixels_digest(self._npy)
+
+    @functools.cached_property
+    def request(self) -> str:
+        if not self._request_id:
+            return ""
+        return body_digest(self._body[: len(self._body) - len(self._npy)], self.pixels)
 
 
 def task_signature(key: bytes, task_uuid: str, header: bytes, pixels: bytes) -> str:

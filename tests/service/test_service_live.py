@@ -35,7 +35,7 @@ from reward_service.broker import AsyncBroker, QueueFull
 from reward_service.config import LimitsConfig, WorkersConfig, loads_service_config
 from reward_service.keys import Keys, queue_item
 from reward_service.lua import Scripts
-from reward_service.signing import open_result, pixels_digest, result_key
+from reward_service.signing import BodyDigests, open_result, result_key
 from reward_service.wire_format import parse_enqueue
 from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
@@ -638,7 +638,8 @@ def test_reaper_requeues_a_dead_workers_tasks_then_fails_a_poison_task(svc):
 
 def test_memory_back_pressure_refuses_before_writing(svc):
     """With Redis above limits.max_queue_bytes an enqueue raises QueueFull (429) and writes nothing."""
-    parsed = parse_enqueue(body(images(1, 4), {"shapes": 1.0}), max_images=4, max_json_bytes=1000)
+    raw = body(images(1, 4), {"shapes": 1.0})
+    parsed = parse_enqueue(raw, max_images=4, max_json_bytes=1000)
 
     async def enqueue() -> None:
         client = aioredis.Redis(port=svc.redis_port, password=REDIS_PASSWORD)
@@ -650,7 +651,7 @@ def test_memory_back_pressure_refuses_before_writing(svc):
                 WorkersConfig(),
                 key=result_key(TOKEN),
             )
-            await broker.enqueue(parsed, pixels_digest(parsed.npy), "")
+            await broker.enqueue(parsed, BodyDigests(raw, parsed.npy, parsed.request_id))
         finally:
             await client.aclose()
 

@@ -278,6 +278,15 @@ def test_config_defaults_and_reward_options():
         (BASE + '[[worker_groups]]\nrewards = ["jpeg_compressibility"]\ncount = -1\n', "count` = -1"),
         (BASE + "video_frame_stride = 0\n", "video_frame_stride` = 0 must be >= 1"),
         (BASE + 'video_frame_reduction = "sum"\n', "mean | min | max | median"),
+        (
+            'redis_url = "redis://:secret@h:6379/0"\n' + BASE + "[workers]\ninline = true\n",
+            "`workers.inline = true` keeps the queue in the API's memory, so `redis_url` = 'redis://:***@h:6379/0'",
+        ),
+        (
+            BASE + '[workers]\ninline = true\n[[worker_groups]]\nrewards = ["jpeg_compressibility"]\n',
+            "cannot apply; remove the groups or set inline = false",
+        ),
+        (BASE + "[workers]\ninline = 1\n", "`workers.inline` must be bool"),
     ],
 )
 def test_config_errors_name_the_key(text, fragment):
