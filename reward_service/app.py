@@ -204,9 +204,8 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "unavailable", "redis": redis_state}, 503)
     missing = [name for name in settings.enabled if figures["rewards"][name]["workers"] == 0]
     status = "degraded" if missing else "ok"
-    store = (
-        {"inline": True} if settings.config.workers.inline else {"redis": {"ok": True}}
-    )  # no Redis when inline
+    # with workers.inline there is no Redis to report on
+    store = {"inline": True} if settings.config.workers.inline else {"redis": {"ok": True}}
     body: dict[str, Any] = {"status": status, **store, "pending": figures["pending"]}
     body["rewards"] = figures["rewards"]
     if missing:

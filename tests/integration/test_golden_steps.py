@@ -7,10 +7,11 @@ short: 2 steps, small batches, no validation, checkpoint or export) in a fresh f
 (OMP_NUM_THREADS=1, so the values do not depend on the machine's core count; the runs go side by side instead) and
 on the AVX2 kernels (ATen's dispatch, MKL's conditional numerical reproducibility and oneDNN's instruction set, so
 they do not depend on the CPU's newer instructions either). Its metrics.jsonl is compared with the file at a
-relative tolerance of 2e-5 (absolute 1e-8, for the terms that are zero up to rounding, as an on-policy ratio loss):
+relative tolerance of 5e-5 (absolute 1e-8, for the terms that are zero up to rounding, as an on-policy ratio loss):
 repeated runs on one machine are bit-identical; two x86 CPUs differ by up to 1e-5 on the RL presets (rewards,
-advantages and two optimizer steps amplify the last bit), and a real change moves the values by more (a loss scaled
-by 1.0001 moves every NFT value by 1e-4). `-k sft` runs only the presets it selects.
+advantages and two optimizer steps amplify the last bit), an AVX2-only AMD EPYC with torch's CUDA build by up to
+3.5e-5 (Diffusion-DPO's grad norm at step 2), and a real change moves the values by more (a loss scaled by 1.0001
+moves every NFT value by 1e-4). `-k sft` runs only the presets it selects.
 
 A change that is meant to move the numbers (a new sampler grid, a fixed loss) refreshes the file deliberately:
 
@@ -42,7 +43,7 @@ REFRESH = "SANARL_REFRESH_GOLDEN=1 bash scripts/test.sh tests/integration/test_g
 PLUGIN = "sanarl.datasets.shapes"
 OUT = "OUT"
 """Stands for the run's output folder in the recorded commands."""
-REL_TOL = 2e-5
+REL_TOL = 5e-5
 ABS_TOL = 1e-8
 ENV = {
     "OMP_NUM_THREADS": "1",

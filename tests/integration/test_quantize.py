@@ -64,6 +64,31 @@ def test_int8_linear_is_its_formula_with_a_real_error(monkeypatch, kernel):
                                    atol=1e-4, rtol=1e-5)  # fmt: skip
 
 
+def test_the_int8_kernel_serves_only_where_it_computes_the_formula():
+    """`_kernel_available` says yes exactly when torch's dynamic int8 kernel reproduces the hand formula on this
+    machine (checked here on other data than its probe); elsewhere the emulated arithmetic serves."""
+    quantize._kernel_available.cache_clear()
+    torch.manual_seed(1)
+    layer = nn.Linear(96, 40)
+    x = torch.randn(7, 96) * 1.5 - 0.2
+    w_scale = (layer.weight.detach().abs().amax(dim=1) / 127).double()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(
+                layer.weight.detach(), w_scale, torch.zeros(40).long(), 0, torch.qint8
+            )
+            packed = torch.ops.quantized.linear_prepack(q, layer.bias.detach())
+            out = torch.ops.quantized.linear_dynamic(x, packed, False)
+        agrees = torch.allclose(
+            out, _hand_int8(x, layer.weight.detach(), layer.bias.detach()), rtol=1e-4, atol=1e-4
+        )
+    except RuntimeError:
+        agrees = False
+    assert quantize._kernel_available() == agrees
+    assert (Int8DynamicLinear(layer).packed()[0] == "kernel") == agrees
+
+
 def test_fp8_linear_is_its_formula():
     """The torch-native FP8 layer (the sm_89+ backend without transformer-engine) from its definition: W and x cast
     to float8 e4m3 after dividing by per-tensor scales max|.| / 448, multiplied, rescaled, bf16 output. torch's

@@ -23,8 +23,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from reward_service.wire_format import encode_body
+from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
+from sanarl.rewards import RewardFunction
+from sanarl.rewards.remote import RemoteRewardFunction
+from sanarl.rewards.scorers.jpeg import JpegCompressibility, JpegIncompressibility
+from sanarl.worlds import shapes as world
 
 TOKEN = "test-token-0123456789"
 HERE = Path(__file__).resolve().parent
@@ -169,3 +175,94 @@ class Service:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+UNLOADABLE_PLUGIN = """
+from sanarl.errors import ConfigError
+from sanarl.rewards.base import Reward
+from sanarl.rewards.registry import register
+
+
+@register("unloadable")
+class Unloadable(Reward):
+    name = "unloadable"
+    keys = ("score",)
+    default_key = "score"
+
+    def setup(self, device):
+        raise ConfigError("the unloadable test reward cannot load its model (weights missing)")
+
+    def _score(self, images, prompts, metadata):
+        raise AssertionError("never scored")
+"""
+"""A plugin whose reward cannot load its model: a service hosting it must stop at start, naming it."""
+
+
+def as_float(array: np.ndarray) -> torch.Tensor:
+    """uint8 images `[B, H, W, 3]` as the float `[B, 3, H, W]` in [0, 1] a trainer would score."""
+    return torch.from_numpy(array).permute(0, 3, 1, 2).float() / 255.0
+
+
+def enqueue_ok(service: Service, data: bytes) -> str:
+    status, answer = service.enqueue(data)
+    assert status == 200, answer
+    return answer["uuid"]
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def assert_jpeg_scores_equal_in_process(service: Service) -> None:
+    """24 images of 64x64 scored by both jpeg rewards through `service` equal in-process scores exactly."""
+    pixels = images(24, 64, seed=1)
+    uuid = enqueue_ok(service, body(pixels, {"jpeg_compressibility": 1.0, "jpeg_incompressibility": 0.5}))
+    compress = JpegCompressibility().score(as_float(pixels), ["p"] * 24)
+    incompress = JpegIncompressibility().score(as_float(pixels), ["p"] * 24)
+    status, answer = service.result(uuid, "jpeg_compressibility")
+    assert status == 200, answer
+    assert answer["scores"]["jpeg_compressibility"] == compress["jpeg_compressibility"].tolist()
+    assert answer["scores"]["jpeg_kb"] == compress["jpeg_kb"].tolist()
+    info = answer["input_info"]
+    assert info["shape"] == [24, 64, 64, 3]
+    assert (info["min"], info["max"]) == (int(pixels.min()), int(pixels.max()))
+    assert answer["type"] == "jpeg_compressibility" and answer["attempts"] == 1 and answer["duration"] > 0
+    status, answer = service.result(uuid, "jpeg_incompressibility")
+    assert status == 200
+    assert answer["scores"]["jpeg_incompressibility"] == incompress["jpeg_incompressibility"].tolist()
+
+
+def assert_remote_equals_in_process(enqueue_to: Service, pull_from: Service) -> None:
+    """`RemoteRewardFunction` (enqueue to one service, pull from another or the same) equals `RewardFunction`
+    in-process on a mixed config (weights, clips, a score key, scale) with one diverged (NaN) sample."""
+    rows = [world.list_prompts("train")["two_object"][0]] * 4
+    pixels = np.stack([world.render(row, 32, seed=i) for i, row in enumerate(rows)])
+    x = as_float(pixels)
+    x[2] = float("nan")  # a diverged sample: dropped by both
+    prompts = [row["prompt"] for row in rows]
+    config = RemoteRewardConfig(
+        reward_fns=[
+            RewardFnConfig(name="jpeg_incompressibility", weight=0.5, clip_max=1.0),
+            RewardFnConfig(name="shapes", weight=2.0, score_key="strict"),
+        ],
+        scale=1.5,
+        reward_clip_min=-1.0,
+    )
+    local = RewardFunction(config)(x, prompts, rows)
+    fn = RemoteRewardFunction(
+        config,
+        enqueue_url=f"{enqueue_to.url}/api/reward/enqueue",
+        fetch_url=f"{pull_from.url}/api/reward/pull",
+        token=TOKEN,
+    )
+    task = fn.submit(x, prompts, rows)  # returns at once; the service scores meanwhile
+    got = task.result()
+    assert got.nan_mask.tolist() == local.nan_mask.tolist() == [False, False, True, False]
+    keep = ~local.nan_mask
+    assert torch.equal(got.total[keep], local.total[keep])
+    assert sorted(got.per_key) == sorted(local.per_key)
+    for key, value in local.per_key.items():
+        assert torch.equal(got.per_key[key][keep], value[keep]), key

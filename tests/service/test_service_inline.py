@@ -18,14 +18,24 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
-from service_helpers import HERE, PLUGIN, TOKEN, Service, body, free_ports, http, images
+from service_helpers import (
+    HERE,
+    PLUGIN,
+    TOKEN,
+    UNLOADABLE_PLUGIN,
+    Service,
+    as_float,
+    assert_jpeg_scores_equal_in_process,
+    assert_remote_equals_in_process,
+    body,
+    enqueue_ok,
+    free_ports,
+    http,
+    images,
+    wait_for,
+)
 
-from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
-from sanarl.rewards import RewardFunction
-from sanarl.rewards.remote import RemoteRewardFunction
-from sanarl.rewards.scorers.jpeg import JpegCompressibility, JpegIncompressibility
-from sanarl.worlds import shapes as world
+from sanarl.rewards.scorers.jpeg import JpegCompressibility
 
 pytestmark = pytest.mark.service
 
@@ -71,23 +81,6 @@ def svc(tmp_path_factory):
         yield SimpleNamespace(a=service, tmp=tmp)
     finally:
         service.stop()
-
-
-def as_float(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(array).permute(0, 3, 1, 2).float() / 255.0
-
-
-def enqueue_ok(service: Service, data: bytes) -> str:
-    status, answer = service.enqueue(data)
-    assert status == 200, answer
-    return answer["uuid"]
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def figures(svc) -> dict:
@@ -155,52 +148,11 @@ def test_health_shows_the_api_process_as_the_one_worker_and_no_child_process(svc
 
 
 def test_jpeg_scores_equal_in_process_scores(svc):
-    pixels = images(24, 64, seed=1)
-    uuid = enqueue_ok(svc.a, body(pixels, {"jpeg_compressibility": 1.0, "jpeg_incompressibility": 0.5}))
-    compress = JpegCompressibility().score(as_float(pixels), ["p"] * 24)
-    incompress = JpegIncompressibility().score(as_float(pixels), ["p"] * 24)
-    status, answer = svc.a.result(uuid, "jpeg_compressibility")
-    assert status == 200, answer
-    assert answer["scores"]["jpeg_compressibility"] == compress["jpeg_compressibility"].tolist()
-    assert answer["scores"]["jpeg_kb"] == compress["jpeg_kb"].tolist()
-    info = answer["input_info"]
-    assert info["shape"] == [24, 64, 64, 3]
-    assert (info["min"], info["max"]) == (int(pixels.min()), int(pixels.max()))
-    assert answer["type"] == "jpeg_compressibility" and answer["attempts"] == 1 and answer["duration"] > 0
-    status, answer = svc.a.result(uuid, "jpeg_incompressibility")
-    assert status == 200
-    assert answer["scores"]["jpeg_incompressibility"] == incompress["jpeg_incompressibility"].tolist()
+    assert_jpeg_scores_equal_in_process(svc.a)
 
 
 def test_remote_reward_function_equals_in_process_reward_function(svc):
-    rows = [world.list_prompts("train")["two_object"][0]] * 4
-    pixels = np.stack([world.render(row, 32, seed=i) for i, row in enumerate(rows)])
-    x = as_float(pixels)
-    x[2] = float("nan")  # a diverged sample: dropped by both
-    prompts = [row["prompt"] for row in rows]
-    config = RemoteRewardConfig(
-        reward_fns=[
-            RewardFnConfig(name="jpeg_incompressibility", weight=0.5, clip_max=1.0),
-            RewardFnConfig(name="shapes", weight=2.0, score_key="strict"),
-        ],
-        scale=1.5,
-        reward_clip_min=-1.0,
-    )
-    local = RewardFunction(config)(x, prompts, rows)
-    fn = RemoteRewardFunction(
-        config,
-        enqueue_url=f"{svc.a.url}/api/reward/enqueue",
-        fetch_url=f"{svc.a.url}/api/reward/pull",
-        token=TOKEN,
-    )
-    task = fn.submit(x, prompts, rows)  # returns at once; the service scores meanwhile
-    got = task.result()
-    assert got.nan_mask.tolist() == local.nan_mask.tolist() == [False, False, True, False]
-    keep = ~local.nan_mask
-    assert torch.equal(got.total[keep], local.total[keep])
-    assert sorted(got.per_key) == sorted(local.per_key)
-    for key, value in local.per_key.items():
-        assert torch.equal(got.per_key[key][keep], value[keep]), key
+    assert_remote_equals_in_process(svc.a, svc.a)
 
 
 def test_pull_tells_pending_unknown_and_failed_apart(svc):
@@ -364,25 +316,6 @@ def test_bad_input_gets_the_right_4xx_and_the_service_keeps_serving(svc):
 
 
 # ------------------------------------------------------------------------------------------------ refusals
-
-UNLOADABLE_PLUGIN = """
-from sanarl.errors import ConfigError
-from sanarl.rewards.base import Reward
-from sanarl.rewards.registry import register
-
-
-@register("unloadable")
-class Unloadable(Reward):
-    name = "unloadable"
-    keys = ("score",)
-    default_key = "score"
-
-    def setup(self, device):
-        raise ConfigError("the unloadable test reward cannot load its model (weights missing)")
-
-    def _score(self, images, prompts, metadata):
-        raise AssertionError("never scored")
-"""
 
 INLINE = "[workers]\ninline = true\n"
 REFUSALS = {

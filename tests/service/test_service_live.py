@@ -29,7 +29,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
-from service_helpers import PLUGIN, TOKEN, Service, body, free_ports, http, images, require_redis
+from service_helpers import (
+    PLUGIN,
+    TOKEN,
+    Service,
+    as_float,
+    assert_jpeg_scores_equal_in_process,
+    assert_remote_equals_in_process,
+    body,
+    enqueue_ok,
+    free_ports,
+    http,
+    images,
+    require_redis,
+    wait_for,
+)
 
 from reward_service.broker import AsyncBroker, QueueFull
 from reward_service.config import LimitsConfig, WorkersConfig, loads_service_config
@@ -40,10 +54,9 @@ from reward_service.wire_format import parse_enqueue
 from reward_service.worker import reap_dead_workers
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.errors import ConfigError
-from sanarl.rewards import RewardFunction
 from sanarl.rewards.pool import RewardTimeout
 from sanarl.rewards.remote import RemoteRewardError, RemoteRewardFunction
-from sanarl.rewards.scorers.jpeg import JpegCompressibility, JpegIncompressibility
+from sanarl.rewards.scorers.jpeg import JpegCompressibility
 from sanarl.rewards.scorers.shapes import ShapesReward
 from sanarl.worlds import shapes as world
 
@@ -118,16 +131,6 @@ def svc(tmp_path_factory):
         a.stop()
 
 
-def as_float(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(array).permute(0, 3, 1, 2).float() / 255.0
-
-
-def enqueue_ok(service: Service, data: bytes) -> str:
-    status, answer = service.enqueue(data)
-    assert status == 200, answer
-    return answer["uuid"]
-
-
 def pending(svc) -> int:
     return int(svc.redis.get(PREFIX + "pending") or 0)
 
@@ -135,13 +138,6 @@ def pending(svc) -> int:
 def stored_pixels(svc) -> int:
     """Requests whose pixels Redis holds."""
     return sum(1 for _ in svc.redis.scan_iter(match=PREFIX + "blob:*"))
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def busy_workers(svc) -> int:
@@ -177,25 +173,7 @@ def test_health_lists_rewards_and_shows_workers_only_with_the_token(svc):
 
 
 def test_jpeg_scores_equal_in_process_scores(svc):
-    pixels = images(24, 64, seed=1)
-    uuid = enqueue_ok(svc.a, body(pixels, {"jpeg_compressibility": 1.0, "jpeg_incompressibility": 0.5}))
-    compress = JpegCompressibility().score(as_float(pixels), ["p"] * 24)
-    incompress = JpegIncompressibility().score(as_float(pixels), ["p"] * 24)
-    status, answer = svc.a.result(uuid, "jpeg_compressibility")
-    assert status == 200, answer
-    assert answer["scores"]["jpeg_compressibility"] == compress["jpeg_compressibility"].tolist()
-    assert answer["scores"]["jpeg_kb"] == compress["jpeg_kb"].tolist()
-    info = answer["input_info"]
-    assert info["shape"] == [24, 64, 64, 3] and (info["min"], info["max"]) == (
-        int(pixels.min()),
-        int(pixels.max()),
-    )
-    assert answer["type"] == "jpeg_compressibility" and answer["attempts"] == 1 and answer["duration"] > 0
-    status, answer = svc.a.result(uuid, "jpeg_incompressibility")
-    assert (
-        status == 200
-        and answer["scores"]["jpeg_incompressibility"] == incompress["jpeg_incompressibility"].tolist()
-    )
+    assert_jpeg_scores_equal_in_process(svc.a)
 
 
 def test_shapes_gets_per_image_and_cosmos_rl_top_level_metadata(svc):
@@ -412,34 +390,7 @@ def test_queue_full_answers_429_and_the_client_backs_off(svc):
 
 
 def test_remote_reward_function_equals_in_process_reward_function(svc):
-    rows = [world.list_prompts("train")["two_object"][0]] * 4
-    pixels = np.stack([world.render(row, 32, seed=i) for i, row in enumerate(rows)])
-    x = as_float(pixels)
-    x[2] = float("nan")  # a diverged sample: dropped by both
-    prompts = [row["prompt"] for row in rows]
-    config = RemoteRewardConfig(
-        reward_fns=[
-            RewardFnConfig(name="jpeg_incompressibility", weight=0.5, clip_max=1.0),
-            RewardFnConfig(name="shapes", weight=2.0, score_key="strict"),
-        ],
-        scale=1.5,
-        reward_clip_min=-1.0,
-    )
-    local = RewardFunction(config)(x, prompts, rows)
-    fn = RemoteRewardFunction(
-        config,
-        enqueue_url=f"{svc.a.url}/api/reward/enqueue",
-        fetch_url=f"{svc.b.url}/api/reward/pull",
-        token=TOKEN,
-    )
-    task = fn.submit(x, prompts, rows)  # returns at once; the service scores meanwhile
-    got = task.result()
-    assert got.nan_mask.tolist() == local.nan_mask.tolist() == [False, False, True, False]
-    keep = ~local.nan_mask
-    assert torch.equal(got.total[keep], local.total[keep])
-    assert sorted(got.per_key) == sorted(local.per_key)
-    for key, value in local.per_key.items():
-        assert torch.equal(got.per_key[key][keep], value[keep]), key
+    assert_remote_equals_in_process(svc.a, svc.b)  # any instance answers the pull
 
 
 def test_remote_client_errors_are_clear(svc, monkeypatch):

@@ -18,30 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 import torch
-from service_helpers import TOKEN, body, free_port, http, images, require_redis
+from service_helpers import TOKEN, UNLOADABLE_PLUGIN, body, free_port, http, images, require_redis
 
 from sanarl.rewards.scorers.jpeg import JpegCompressibility
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
-
-FAILING_PLUGIN = """
-from sanarl.errors import ConfigError
-from sanarl.rewards.base import Reward
-from sanarl.rewards.registry import register
-
-
-@register("unloadable")
-class Unloadable(Reward):
-    name = "unloadable"
-    keys = ("score",)
-    default_key = "score"
-
-    def setup(self, device):
-        raise ConfigError("the unloadable test reward cannot load its model (weights missing)")
-
-    def _score(self, images, prompts, metadata):
-        raise AssertionError("never scored")
-"""
 
 
 def sanarl_reward() -> list[str]:
@@ -130,7 +111,7 @@ def test_workers_that_cannot_start_stop_the_service_with_the_reason(tmp_path):
     """The API builds rewards without loading them; a worker whose reward cannot load exits with code 2, and the
     service then exits 2 too, naming the config and what to fix, instead of serving a /health 503 forever."""
     require_redis()
-    (tmp_path / "unloadable.py").write_text(FAILING_PLUGIN)
+    (tmp_path / "unloadable.py").write_text(UNLOADABLE_PLUGIN)
     config = tmp_path / "broken.toml"
     config.write_text(
         f'port = {free_port()}\nplugins = ["{tmp_path / "unloadable.py"}"]\n[workers]\ncount = 1\n'

@@ -341,18 +341,24 @@ class Int8DynamicLinear(_RepackingLinear):
 
 @functools.cache
 def _kernel_available() -> bool:
-    """Whether torch's CPU quantized engine runs a dynamic int8 linear here."""
+    """Whether torch's CPU quantized engine runs a dynamic int8 linear here that computes this module's formula
+    (`quantize_activation` over the full uint8 range, the weight per output channel). Checked on a small probe
+    against the emulated arithmetic: some engine / CPU pairs run a different one (on an AVX2 CPU without VNNI,
+    torch 2.14's x86 / fbgemm / onednn kernels are off by whole units), and the emulated path then serves."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(16, 64, generator=generator)
+    x = torch.randn(4, 64, generator=generator) * 2 + 0.3
+    scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            q = torch.quantize_per_channel(torch.ones(16, 16), torch.ones(16).double(), torch.zeros(16).long(), 0,
-                                           torch.qint8)  # fmt: skip
-            torch.ops.quantized.linear_dynamic(
-                torch.ones(1, 16), torch.ops.quantized.linear_prepack(q, None), False
-            )
+            q = torch.quantize_per_channel(weight, scale.double(), torch.zeros(16).long(), 0, torch.qint8)
+            out = torch.ops.quantized.linear_dynamic(x, torch.ops.quantized.linear_prepack(q, None), False)
     except Exception:
         return False
-    return True
+    q_x, x_scale, zero = quantize_activation(x)
+    formula = ((q_x - zero) @ torch.round(weight / scale[:, None]).clamp(-127, 127).t()) * (x_scale * scale)
+    return bool(torch.allclose(out, formula, rtol=1e-4, atol=1e-4))
 
 
 class Fp8Linear(_RepackingLinear):

@@ -9,7 +9,8 @@ output and the log-sum-exp, never the L x S score matrix. FLOPs come from torch.
 
 Kernels that hold memory of their own while they run are counted for the machine the plan is for (`Kernels`): on the
 CPU, oneDNN's convolution reorders a bfloat16 / float16 weight into its blocked layout at every call, a transient
-copy of the weight (a float32 weight runs without one); GPU kernels add nothing here.
+copy of the weight (a float32 weight runs without one; a CPU whose oneDNN does not run that precision runs ATen's
+own kernels, not modelled); GPU kernels add nothing here.
 """
 
 from __future__ import annotations
@@ -34,13 +35,24 @@ _CONVOLUTIONS = {torch.ops.aten.convolution.default: 1, torch.ops.aten.convoluti
 
 def kernel_workspace(kernels: Kernels, func, args: tuple) -> int:
     """Bytes a kernel holds only while it runs: oneDNN's reordered copy of a reduced-precision convolution weight
-    on the CPU (docs/results.md, "Memory plan against measurement"); 0 otherwise."""
+    on the CPU (docs/results.md, "Memory plan against measurement"), where this CPU's oneDNN runs that precision;
+    0 otherwise."""
     if kernels != "cpu" or func not in _CONVOLUTIONS:
         return 0
     weight = args[_CONVOLUTIONS[func]]
-    if weight.dtype not in (torch.bfloat16, torch.float16):
+    if not onednn_runs(weight.dtype):
         return 0
     return weight.numel() * weight.element_size()
+
+
+def onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether torch hands this CPU's convolutions in `dtype` (bfloat16 / float16) to oneDNN, whose reordered
+    weight `kernel_workspace` counts. Without the instructions (e.g. AVX2 only, no AVX-512) ATen's own kernels run
+    them, with temporary buffers of their own that the CPU plan does not model."""
+    checks = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    if dtype not in checks or not torch.backends.mkldnn.is_available():
+        return False
+    return bool(getattr(torch.ops.mkldnn, checks[dtype])())
 
 
 class LiveBytes(TorchDispatchMode):
