@@ -198,6 +198,20 @@ class Unloadable(Reward):
 """A plugin whose reward cannot load its model: a service hosting it must stop at start, naming it."""
 
 
+def children(pid: int) -> dict[int, str]:
+    """{pid: command name} of the live (not zombie) child processes of `pid`, read from /proc."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found[int(stat.parent.name)] = name
+    return found
+
+
 def as_float(array: np.ndarray) -> torch.Tensor:
     """uint8 images `[B, H, W, 3]` as the float `[B, 3, H, W]` in [0, 1] a trainer would score."""
     return torch.from_numpy(array).permute(0, 3, 1, 2).float() / 255.0

@@ -28,6 +28,7 @@ from service_helpers import (
     assert_jpeg_scores_equal_in_process,
     assert_remote_equals_in_process,
     body,
+    children,
     enqueue_ok,
     free_ports,
     http,
@@ -107,20 +108,6 @@ def hold_the_scorer(svc, sleep: float, seed: int = 0) -> str:
 
 def means(pixels: np.ndarray) -> list[float]:
     return (pixels.reshape(len(pixels), -1).astype(np.float64).mean(axis=1) / 255.0).tolist()
-
-
-def children(pid: int) -> dict[int, str]:
-    """{pid: command name} of the live (not zombie) child processes of `pid`, read from /proc."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found[int(stat.parent.name)] = name
-    return found
 
 
 # ------------------------------------------------------------------------------------------------ answers

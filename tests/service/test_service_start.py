@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 import torch
-from service_helpers import TOKEN, UNLOADABLE_PLUGIN, body, free_port, http, images, require_redis
+from service_helpers import TOKEN, UNLOADABLE_PLUGIN, body, children, free_port, http, images, require_redis
 
 from sanarl.rewards.scorers.jpeg import JpegCompressibility
 
@@ -158,20 +158,6 @@ def test_enqueue_of_a_reward_without_a_live_worker_is_refused(tmp_path):
         assert http(f"{url}/health", headers=headers)[1]["pending"] == 0
     finally:
         stop(process)
-
-
-def children(pid: int) -> dict[int, str]:
-    """{pid: command name} of the live (not zombie) child processes of `pid`, read from /proc."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found[int(stat.parent.name)] = name
-    return found
 
 
 def gone(pid: int) -> bool:
