@@ -91,30 +91,29 @@ class Settings:
 
 
 @contextlib.asynccontextmanager
-async def _inline(app: FastAPI, config: ServiceConfig, scorer: InlineBroker | None) -> AsyncIterator[None]:
-    """`workers.inline`: score on `scorer`'s thread (built here, models loaded, when not given) while the app
-    serves."""
-    from reward_service.inline import inline_broker
-
-    broker = scorer or inline_broker(config)
-    broker.start(asyncio.get_running_loop())
-    app.state.broker = broker
+async def _inline(app: FastAPI, scorer: InlineBroker) -> AsyncIterator[None]:
+    """`workers.inline`: score on `scorer`'s thread while the app serves."""
+    scorer.start(asyncio.get_running_loop())
+    app.state.broker = scorer
     try:
         yield
     finally:
-        broker.stop()
+        scorer.stop()
 
 
 def create_app(
     config: ServiceConfig, *, token: str, redis_url: str, scorer: InlineBroker | None = None
 ) -> FastAPI:
     """The service's FastAPI app for `config`, checking `token`, keeping its state in the Redis at `redis_url`;
-    with `workers.inline`, in this process instead (`scorer`, or one built at start-up; `redis_url` unused)."""
+    with `workers.inline`, in this process instead: `scorer` (`reward_service.inline.inline_broker(config)`, its
+    models loaded) scores, `redis_url` is unused."""
+    if config.workers.inline and scorer is None:
+        raise ValueError("workers.inline: pass the scorer, reward_service.inline.inline_broker(config)")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if config.workers.inline:
-            async with _inline(app, config, scorer):
+            async with _inline(app, scorer):
                 yield
             return
         client = aioredis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
@@ -158,8 +157,9 @@ async def enqueue(request: Request) -> Response:
             body, max_images=limits.max_images, max_json_bytes=limits.max_json_bytes, known_rewards=known
         )
         digests = BodyDigests(body, parsed.npy, parsed.request_id)  # one pass over the pixels, when needed
-        if hash_now:
-            digests.request  # noqa: B018 (computed here, off the event loop)
+        if hash_now:  # both digests here, off the event loop (`request` reuses `pixels`)
+            digests.pixels  # noqa: B018
+            digests.request  # noqa: B018
         return parsed, digests
 
     large = len(body) > THREAD_PARSE_BYTES

@@ -280,3 +280,14 @@ def assert_remote_equals_in_process(enqueue_to: Service, pull_from: Service) -> 
     assert sorted(got.per_key) == sorted(local.per_key)
     for key, value in local.per_key.items():
         assert torch.equal(got.per_key[key][keep], value[keep]), key
+
+
+def assert_enqueue_refusals(service: Service, cases: dict[str, tuple[bytes, int, str]], good: bytes) -> None:
+    """Each body of `cases` ({name: (body, status, fragment of the error)}) gets its status and a message with the
+    fragment; the good body with a wrong token or none gets 401."""
+    for name, (data, status, fragment) in cases.items():
+        got, answer = service.enqueue(data)
+        assert (got, fragment in answer.get("error", "")) == (status, True), (name, answer)
+    assert service.enqueue(good, token="wrong-token-0123456789")[0] == 401
+    status, answer = http(f"{service.url}/api/reward/enqueue", good, {})
+    assert status == 401 and "bearer token" in answer["error"]

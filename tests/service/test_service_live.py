@@ -34,6 +34,7 @@ from service_helpers import (
     TOKEN,
     Service,
     as_float,
+    assert_enqueue_refusals,
     assert_jpeg_scores_equal_in_process,
     assert_remote_equals_in_process,
     body,
@@ -283,12 +284,7 @@ def test_bad_input_gets_the_right_4xx_and_the_service_keeps_serving(svc):
         "too many images": (body(images(65, 1), {"jpeg_compressibility": 1.0}), 413, "max_images"),
     }
     before = pending(svc)
-    for name, (data, status, fragment) in cases.items():
-        got, answer = svc.a.enqueue(data)
-        assert (got, fragment in answer.get("error", "")) == (status, True), (name, answer)
-    assert svc.a.enqueue(good, token="wrong")[0] == 401
-    status, answer = http(f"{svc.a.url}/api/reward/enqueue", good, {})
-    assert status == 401 and "bearer token" in answer["error"]
+    assert_enqueue_refusals(svc.a, cases, good)
     assert http(f"{svc.a.url}/api/reward/ping", b"info_data=x", svc.a.auth())[1] == {
         "message": "Ping request received"
     }

@@ -16,6 +16,7 @@ own kernels, not modelled); GPU kernels add nothing here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Literal
@@ -45,6 +46,7 @@ def kernel_workspace(kernels: Kernels, func, args: tuple) -> int:
     return weight.numel() * weight.element_size()
 
 
+@functools.cache
 def onednn_runs(dtype: torch.dtype) -> bool:
     """Whether torch hands this CPU's convolutions in `dtype` (bfloat16 / float16) to oneDNN, whose reordered
     weight `kernel_workspace` counts. Without the instructions (e.g. AVX2 only, no AVX-512) ATen's own kernels run
