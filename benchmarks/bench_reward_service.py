@@ -11,33 +11,42 @@ per design: in-process ms, remote ms, their difference (the overhead of the hop)
 The hop is then split, per request, into the client's input checks and body encoding (`request_body`, what
 `submit` does before it sends), the enqueue round trip, the pull round trip
 (which waits for the worker) and the worker's own scoring time (the result's `duration`); the HTTP floor is a
-token-checked ping. What the overhead is made of: overhead = remote - in-process ~= encode + enqueue + (pull -
-worker scoring) + (worker scoring - in-process scoring). The worker's scoring is its `score_uint8` call on the
-pixels as received: a reward that judges uint8 pixels (jpeg, shapes) scores them as they are (the quantisation
-in-process scoring does inside the reward is the client's encoding here), a float reward pays the uint8 -> float
-decode in it.
+token-checked ping. The machine's floor for the protocol is timed in the same loop: the same two exchanges (the
+same enqueue body, then a pull-sized form) with a bare ASGI app under the same uvicorn, which answers at once and
+runs no sanarl code; what a design adds beyond it is the service's own part of the overhead. What the overhead is
+made of: overhead = remote - in-process ~= encode + enqueue + (pull - worker scoring) + (worker scoring -
+in-process scoring). The worker's scoring is its `score_uint8` call on the pixels as received: a reward that judges
+uint8 pixels (jpeg, shapes) scores them as they are (the quantisation in-process scoring does inside the reward is
+the client's encoding here), a float reward pays the uint8 -> float decode in it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
+import uuid as uuidlib
 from pathlib import Path
 
 import numpy as np
 import torch
 from _common import environment
 
-from reward_service.benchmark import start_service
+from reward_service.benchmark import free_port, start_service
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.rewards.combine import RewardFunction
 from sanarl.rewards.remote import RemoteRewardFunction, RemoteTask, _request
 
-STAGES = ("encode", "enqueue", "pull", "worker scoring", "ping (HTTP floor)")
+BARE = "bare app: both exchanges"
+"""The two POSTs of a request (its body, then a pull-sized form) to a bare ASGI app under the same uvicorn."""
+
+STAGES = ("encode", "enqueue", "pull", "worker scoring", "ping (HTTP floor)", BARE)
 
 
 def _images(count: int, size: int) -> torch.Tensor:
@@ -64,16 +73,61 @@ def _one_remote(fn: RemoteRewardFunction, images: torch.Tensor, prompts: list[st
             "worker scoring": scoring, "ping (HTTP floor)": t5 - t4}  # fmt: skip
 
 
+async def _bare_app(scope: dict, receive, send) -> None:
+    """An ASGI app that reads the request body and answers 200 `{}` at once: the HTTP floor of one exchange."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _serve_bare(port: int) -> None:
+    """uvicorn on 127.0.0.1:`port` with the service's HTTP stack (httptools, uvloop) serving `_bare_app`."""
+    import uvicorn
+
+    uvicorn.run(_bare_app, host="127.0.0.1", port=port, log_level="warning", http="httptools", loop="uvloop")
+
+
+def _start_bare() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(port)], env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        if process.poll() is not None:
+            raise RuntimeError(f"the bare HTTP server exited with {process.returncode}")
+        if _request(url, b"", {}, 5.0).status == 200:
+            return process, url
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the bare HTTP server did not answer within 30 s")
+
+
+def _one_bare(url: str, body: bytes) -> float:
+    """Seconds of a request's two exchanges with the bare app: the enqueue body, then a pull-sized form."""
+    form = urllib.parse.urlencode({"uuid": str(uuidlib.uuid4()), "type": "reward", "wait": "10.000"}).encode()
+    start = time.perf_counter()
+    _request(f"{url}/api/reward/enqueue", body, {"Content-Type": "application/octet-stream"}, 60.0)
+    _request(f"{url}/api/reward/pull", form, {"Content-Type": "application/x-www-form-urlencoded"}, 60.0)
+    return time.perf_counter() - start
+
+
 DESIGNS = ("workers", "inline")
 """The two ways the service scores: worker processes fed through Redis (the default), and `[workers] inline =
 true` (the API process scores on a thread: no Redis, no worker process)."""
 
 
 def measure(
-    urls: dict[str, str], token: str, reward: str, images: torch.Tensor, repeats: int
+    urls: dict[str, str], token: str, reward: str, images: torch.Tensor, repeats: int, bare: str
 ) -> dict[str, dict[str, list[float]]]:
-    """Seconds per stage of each design's requests (`_one_remote`) and of in-process scoring, interleaved: each
-    repeat runs in-process, then one request to each service, so background load hits all alike."""
+    """Seconds per stage of each design's requests (`_one_remote`), of in-process scoring and of the same
+    exchanges with the bare app at `bare`, interleaved: each repeat runs in-process, then one request to each
+    service, then the bare exchanges, so background load hits all alike."""
     config = RemoteRewardConfig(reward_fns=[RewardFnConfig(name=reward)])
     local = RewardFunction(config)
     remotes = {
@@ -83,10 +137,12 @@ def measure(
         for design, url in urls.items()
     }
     prompts = ["benchmark"] * len(images)
+    body = next(iter(remotes.values())).request_body(images, prompts)[0]
     for _ in range(2):  # warm-up: connections, the first batch, allocator
         local(images, prompts)
         for remote in remotes.values():
             _one_remote(remote, images, prompts)
+        _one_bare(bare, body)
     samples: dict[str, dict[str, list[float]]] = {design: {"in-process": []} for design in remotes}
     for _ in range(repeats):
         start = time.perf_counter()
@@ -96,6 +152,9 @@ def measure(
             samples[design]["in-process"].append(seconds)
             for key, value in _one_remote(remote, images, prompts).items():
                 samples[design].setdefault(key, []).append(value)
+        floor = _one_bare(bare, body)
+        for stages in samples.values():
+            stages.setdefault(BARE, []).append(floor)
     return samples
 
 
@@ -113,6 +172,8 @@ def report(samples: dict[str, dict[str, list[float]]], images: int, size: int) -
         print(f"  {design}: remote ms (p50) {row['remote']:8.2f}")
         print(f"  {design}: overhead remote - in-process ms = {row['remote'] - row['in-process']:.2f}")
         print(f"  {design}: ratio remote / in-process = {row['remote'] / row['in-process']:.3f}")
+        beyond = row["remote"] - row["in-process"] - row[BARE]
+        print(f"  {design}: overhead beyond the bare app's two exchanges ms = {beyond:.2f}")
     if len(ms) == 2:
         a, b = ms["inline"], ms["workers"]
         print(f"  inline / workers remote ms = {a['remote'] / b['remote']:.3f}")
@@ -133,19 +194,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--designs", nargs="+", choices=DESIGNS, default=list(DESIGNS), help="services to time"
     )
+    parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the bare app
     args = parser.parse_args(argv)
+    if args.serve_bare:
+        _serve_bare(args.serve_bare)
+        return
     torch.set_num_threads(args.threads)
     token = secrets.token_urlsafe(32)
     images = _images(args.images, args.size)
     with tempfile.TemporaryDirectory(prefix="sanarl-bench-service-") as tmp:
         processes, urls = [], {}
         try:
+            bare_process, bare = _start_bare()
+            processes.append(bare_process)
             for design in args.designs:
                 process, urls[design] = start_service(
                     Path(tmp), args.reward, 1, token, inline=design == "inline"
                 )
                 processes.append(process)
-            samples = measure(urls, token, args.reward, images, args.repeats)
+            samples = measure(urls, token, args.reward, images, args.repeats, bare)
         finally:
             for process in processes:
                 process.terminate()

@@ -41,7 +41,8 @@ from sanarl.rewards.combine import RewardFunction
 from sanarl.rewards.remote import RemoteRewardFunction
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -52,7 +53,7 @@ def start_service(
 ) -> tuple[subprocess.Popen, str]:
     """A `sanarl-reward` process with `workers` workers serving `reward` (with `inline`, no workers: the API
     process scores); returns (process, base URL) once healthy."""
-    port = _free_port()
+    port = free_port()
     config = directory / f"bench-{workers}{'-inline' if inline else ''}.toml"
     mode = "inline = true" if inline else f"count = {workers}"
     config.write_text(

@@ -157,9 +157,31 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return images.detach().mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
 
 
+def to_uint8_channels_last(images: torch.Tensor) -> torch.Tensor:
+    """`to_uint8(images)` of float `[B, C, H, W]` in [0, 1] (uint8 pixels are taken as they are), stored
+    channels-last: a `[B, C, H, W]` view of a contiguous `[B, H, W, C]` buffer, so `.permute(0, 2, 3, 1)` is the
+    row-major array PIL, OCR engines and the reward service's wire format take, with no copy. Same values and
+    device as `to_uint8`; uint8 pixels already channels-last come back unchanged.
+
+    Each channel is rounded into its slot of the interleaved buffer (one strided copy per channel, converting on
+    the way): on the CPU this costs about what `to_uint8` alone does, where quantising and then interleaving with
+    `permute(...).contiguous()` costs ~2x."""
+    if images.dtype == torch.uint8 and images.permute(0, 2, 3, 1).is_contiguous():
+        return images
+    batch, channels, height, width = images.shape
+    out = torch.empty((batch, height, width, channels), dtype=torch.uint8, device=images.device)
+    source = images.detach()
+    if source.dtype != torch.uint8:
+        source = source.mul(255.0).round_().clamp_(0, 255)  # to_uint8's arithmetic; the copy converts exactly
+    for channel in range(channels):
+        out[..., channel].copy_(source[:, channel])
+    return out.permute(0, 3, 1, 2)
+
+
 def to_uint8_hwc(images: torch.Tensor) -> np.ndarray:
-    """`[B, 3, H, W]` float in [0, 1] -> numpy uint8 `[B, H, W, 3]` by `round(255 x)` (what PIL encoders take)."""
-    return to_uint8(images).permute(0, 2, 3, 1).cpu().numpy()
+    """`[B, 3, H, W]` float in [0, 1] -> contiguous numpy uint8 `[B, H, W, 3]` by `round(255 x)` (what PIL
+    encoders take)."""
+    return to_uint8_channels_last(images).permute(0, 2, 3, 1).cpu().numpy()
 
 
 def require_uint8(pixels: Any, reward: str) -> None:
@@ -312,8 +334,9 @@ class Reward(ABC):
 
 class Uint8Reward(Reward):
     """A reward that judges uint8 pixels `round(255 x)` (JPEG sizes, the shapes judge, OCR, GenEval): subclasses
-    implement `_score_uint8` on validated uint8 pixels. `score` quantises its float images with `to_uint8` and
-    calls that core; `score_uint8` calls it on the pixels as given, with no float round trip. Both agree exactly:
+    implement `_score_uint8` on validated uint8 pixels. `score` quantises its float images with `to_uint8` (stored
+    channels-last, `to_uint8_channels_last`: every such core reads `[H, W, 3]` rows) and calls that core;
+    `score_uint8` calls it on the pixels as given, with no float round trip. Both agree exactly:
     `to_uint8(from_uint8(u)) == u`. uint8 pixels are always finite, so `score_uint8` masks nothing."""
 
     def score_uint8(
@@ -339,7 +362,7 @@ class Uint8Reward(Reward):
     def _score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> Mapping[str, Any]:
-        return self._score_uint8(to_uint8(images), prompts, metadata)
+        return self._score_uint8(to_uint8_channels_last(images), prompts, metadata)
 
     @abstractmethod
     def _score_uint8(

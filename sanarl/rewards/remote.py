@@ -48,7 +48,14 @@ import numpy as np
 import torch
 
 from sanarl.errors import ConfigError
-from sanarl.rewards.base import RewardInputError, check_batch, check_images, known_finite, to_uint8
+from sanarl.rewards.base import (
+    RewardInputError,
+    check_batch,
+    check_images,
+    known_finite,
+    to_uint8,
+    to_uint8_hwc,
+)
 from sanarl.rewards.combine import RewardFailure, RewardResult, Scored, combine_scores
 from sanarl.rewards.pool import DEADLINE_KEY, RewardTimeout
 from sanarl.rewards.video import frames_as_images
@@ -504,12 +511,11 @@ class RemoteRewardFunction:
 
 def to_uint8_payload(images: torch.Tensor) -> np.ndarray:
     """Pixels as the service takes them: `round(255 x)` clamped to uint8, C-contiguous; images `[B, 3, H, W]`
-    become `[B, H, W, 3]` (channels last), clips `[B, 3, T, H, W]` keep their layout.
-
-    The same values as `sanarl.rewards.base.to_uint8_hwc`, but the layout change happens on the uint8 tensor in
-    torch (numpy's strided copy of a permuted array costs ~10x more)."""
-    view = images.detach().permute(0, 2, 3, 1) if images.ndim == 4 else images.detach()
-    return to_uint8(view).contiguous().cpu().numpy()
+    become `[B, H, W, 3]` (channels last: `sanarl.rewards.base.to_uint8_hwc`, quantised straight into that
+    layout), clips `[B, 3, T, H, W]` keep their layout."""
+    if images.ndim == 4:
+        return to_uint8_hwc(images)
+    return to_uint8(images).contiguous().cpu().numpy()
 
 
 def encode_request(header: Mapping[str, Any], images: torch.Tensor) -> bytes:

@@ -24,6 +24,7 @@ from sanarl.training.distributed import (
     shard_like,
 )
 from sanarl.training.ema import EMA
+from sanarl.training.grad_layout import match_bucket_strides
 from sanarl.training.protocol import Task
 from sanarl.training.run_folder.setup import build_optimizer, warmup_schedule
 
@@ -44,6 +45,7 @@ class TrainState:
         self.scheduler = warmup_schedule(optimizer, cfg.train.optm_warmup_steps)
         # model and optimizer in one call: FSDP2 swaps the parameters for shards and re-points the optimizer
         self.wrapped, self.optimizer = acc.prepare(task.adapter.trainable_module(), optimizer)
+        match_bucket_strides(self.wrapped)  # DDP: gradients arrive in their bucket's layout
         named = task.trainable_parameters()
         self.params = [p for _, p in named]
         t = cfg.train

@@ -139,6 +139,8 @@ BENCHES = [
             "enqueue",
             "worker scoring",
             "ping (HTTP floor)",
+            "bare app: both exchanges",
+            "inline: overhead beyond the bare app's two exchanges ms =",
         ),
     ),
     Bench(

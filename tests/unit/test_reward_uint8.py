@@ -75,6 +75,32 @@ def test_to_uint8_inverts_from_uint8_on_every_value() -> None:
     assert float((decoded * 255.0 - values.double()).abs().max()) < 1e-4  # far inside the rounding half-step
 
 
+def test_channels_last_quantisation_holds_round_255x_in_an_interleaved_buffer() -> None:
+    """`to_uint8_channels_last`: the values of round(255 x) clamped (derived here by hand: ties to even, round-off
+    beyond [0, 1] clamped), in memory laid out [B, H, W, 3]; uint8 pixels are copied only when not already so."""
+    ties = torch.tensor([0.5, 1.5, 2.5, 127.5, 254.5]) / 255.0
+    edges = torch.tensor([0.0, 1.0, -1e-7, 1.0 + 1e-7, 0.2, 0.999])
+    values = torch.cat(
+        [ties, edges, torch.rand(2 * 3 * 5 * 4 - 11, generator=torch.Generator().manual_seed(0))]
+    )
+    images = values.view(2, 3, 5, 4)
+    scaled = images.flatten().numpy() * np.float32(255.0)  # the product in float32, as torch forms it
+    by_hand = [min(255, max(0, round(float(v)))) for v in scaled]  # Python's round: half to even
+    out = base.to_uint8_channels_last(images)
+    assert out.dtype == torch.uint8 and out.shape == images.shape
+    assert out.permute(0, 2, 3, 1).is_contiguous()
+    assert out.flatten().tolist() == by_hand
+    assert torch.equal(out, to_uint8(images))
+    interleaved = random_pixels(2, 4, seed=1)  # channels-last already: returned as is
+    assert base.to_uint8_channels_last(interleaved) is interleaved
+    planar = interleaved.contiguous()
+    copied = base.to_uint8_channels_last(planar)
+    assert copied.permute(0, 2, 3, 1).is_contiguous() and torch.equal(copied, planar)
+    hwc = base.to_uint8_hwc(images)
+    assert hwc.flags["C_CONTIGUOUS"] and hwc.shape == (2, 5, 4, 3)
+    assert hwc.transpose(0, 3, 1, 2).flatten().tolist() == by_hand
+
+
 @pytest.mark.parametrize("reward_class", [JpegCompressibility, JpegIncompressibility])
 def test_jpeg_scores_uint8_pixels_as_it_scores_their_floats(reward_class) -> None:
     """Equal to `score(from_uint8(u))` bit for bit, and to the JPEG size of the pixels saved by hand."""

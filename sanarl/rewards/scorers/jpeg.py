@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from sanarl.rewards.base import Uint8Reward, to_uint8
+from sanarl.rewards.base import Uint8Reward, to_uint8_channels_last
 
 JPEG_QUALITY = 95
 """PIL JPEG quality used by the published rewards."""
@@ -28,11 +28,8 @@ COMPRESSIBILITY_DIVISOR = 500.0
 def jpeg_kilobytes(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.Tensor:
     """JPEG file sizes in kB (bytes / 1000), float32 `[B]`, of images `[B, 3, H, W]`: uint8 pixels (any strides),
     or float in [0, 1], quantised by `round(255 x)` first (PIL, RGB)."""
-    pixels = images if images.dtype == torch.uint8 else to_uint8(images)
     sizes = []
-    for array in (
-        pixels.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-    ):  # HWC in torch: numpy's copy is slower
+    for array in to_uint8_channels_last(images).permute(0, 2, 3, 1).cpu().numpy():
         buffer = io.BytesIO()
         Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
         sizes.append(buffer.tell() / 1000.0)
