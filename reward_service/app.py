@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import hmac
 import math
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
 FORM_LIMIT = 64 * 1024
 """Largest pull / ping form body."""
+FORM_FIELDS = 16
+"""Most fields a pull / ping form may have."""
 THREAD_PARSE_BYTES = 8 * 1024 * 1024
 """Bodies above this size are parsed and hashed off the event loop. Parsing reads only the npy header; hashing
 the pixels (once, for the task signature and the request id's digest) runs at ~1 GB/s, so smaller bodies cost less
@@ -272,10 +275,21 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _read_form(request: Request) -> dict[str, str]:
-    """A small urlencoded or multipart form as {field: text}."""
-    _declared_length(request, FORM_LIMIT)
-    form = await request.form(max_files=0, max_fields=16)
-    return {key: value for key, value in form.items() if isinstance(value, str)}
+    """A small urlencoded or multipart form as {field: text} (the last value of a repeated field). The urlencoded
+    form clients send is parsed here (0.1 ms less per pull than Starlette's form parser on the development VM)."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/x-www-form-urlencoded":
+        _declared_length(request, FORM_LIMIT)
+        form = await request.form(max_files=0, max_fields=FORM_FIELDS)
+        return {key: value for key, value in form.items() if isinstance(value, str)}
+    body = await _read_body(request, FORM_LIMIT)
+    try:  # as Starlette reads a form: bytes as latin-1, percent-escapes as UTF-8
+        pairs = urllib.parse.parse_qsl(
+            body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS
+        )
+    except ValueError:
+        raise Refusal(422, f"the form has more than {FORM_FIELDS} fields.") from None
+    return dict(pairs)
 
 
 def _pull_fields(form: dict[str, str]) -> tuple[str, str, float]:

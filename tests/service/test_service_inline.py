@@ -282,6 +282,28 @@ def test_results_expire_after_their_ttl_and_free_their_request_id(svc):
     assert status == 200 and answer["scores"]["jpeg_compressibility"] == expected.tolist()
 
 
+def test_pull_forms_are_read_as_clients_write_them(svc):
+    """A urlencoded form with percent-escapes and a multipart form both pull; more than 16 fields is a 422 and a
+    form over 64 KB a 413, each naming the limit."""
+    uuid = enqueue_ok(svc.a, body(images(2, 8), {"jpeg_compressibility": 1.0}))
+    url = f"{svc.a.url}/api/reward/pull"
+    status, answer = http(url, f"uuid={uuid}&type=jpeg%5Fcompressibility&wait=20".encode(), svc.a.auth())
+    assert status == 200 and answer["scores"]["jpeg_compressibility"]
+    fields = {"uuid": uuid, "type": "jpeg_compressibility", "wait": "1"}
+    parts = "".join(
+        f'--b0\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()
+    )
+    multipart = {**svc.a.auth(), "Content-Type": "multipart/form-data; boundary=b0"}
+    assert http(url, (parts + "--b0--\r\n").encode(), multipart) == (status, answer)
+    many = "&".join(f"f{i}=1" for i in range(17)) + f"&uuid={uuid}&type=jpeg_compressibility"
+    status, refused = http(url, many.encode(), svc.a.auth())
+    assert status == 422 and "more than 16 fields" in refused["error"]
+    status, refused = http(
+        url, f"uuid={uuid}&type=jpeg_compressibility&pad={'x' * 70_000}".encode(), svc.a.auth()
+    )
+    assert status == 413 and "65536 bytes" in refused["error"]
+
+
 def test_bad_input_gets_the_right_4xx_and_the_service_keeps_serving(svc):
     good = body(images(2, 8), {"jpeg_compressibility": 1.0})
     header, _ = good.split(b"\n", 1)
