@@ -149,7 +149,7 @@ def serve(args: argparse.Namespace) -> None:
     require_service_extra()
     import uvicorn
 
-    from reward_service.app import create_app
+    from reward_service.app import create_app, serve_hot_paths
     from reward_service.config import mask_url
     from reward_service.embedded_redis import EmbeddedRedis, default_data_dir
     from reward_service.http_protocol import protocol_class
@@ -192,7 +192,7 @@ def serve(args: argparse.Namespace) -> None:
         )
         app = create_app(config, token=token, redis_url=url, scorer=scorer)
         uvicorn_config = uvicorn.Config(
-            app,
+            serve_hot_paths(app),
             host=config.host,
             port=config.port,
             log_level=config.log_level,

@@ -284,7 +284,8 @@ def test_results_expire_after_their_ttl_and_free_their_request_id(svc):
 
 def test_pull_forms_are_read_as_clients_write_them(svc):
     """A urlencoded form with percent-escapes and a multipart form both pull; more than 16 fields is a 422 and a
-    form over 64 KB a 413, each naming the limit."""
+    form over 64 KB a 413, each naming the limit; a malformed multipart form is the app's 400 and a GET its 405
+    (the pull endpoint is called outside the app's routing: `serve_hot_paths`)."""
     uuid = enqueue_ok(svc.a, body(images(2, 8), {"jpeg_compressibility": 1.0}))
     url = f"{svc.a.url}/api/reward/pull"
     status, answer = http(url, f"uuid={uuid}&type=jpeg%5Fcompressibility&wait=20".encode(), svc.a.auth())
@@ -302,6 +303,12 @@ def test_pull_forms_are_read_as_clients_write_them(svc):
         url, f"uuid={uuid}&type=jpeg_compressibility&pad={'x' * 70_000}".encode(), svc.a.auth()
     )
     assert status == 413 and "65536 bytes" in refused["error"]
+    broken = {
+        **svc.a.auth(),
+        "Content-Type": "multipart/form-data",
+    }  # no boundary: Starlette's parser refuses
+    assert http(url, b"--x\r\n", broken)[0] == 400
+    assert http(url, None, svc.a.auth())[0] == 405  # a GET: the app's own answer, as for any other route
 
 
 def test_bad_input_gets_the_right_4xx_and_the_service_keeps_serving(svc):
