@@ -163,11 +163,12 @@ def to_uint8_channels_last(images: torch.Tensor) -> torch.Tensor:
     row-major array PIL, OCR engines and the reward service's wire format take, with no copy. Same values and
     device as `to_uint8`; uint8 pixels already channels-last come back unchanged.
 
-    Each channel is rounded into its slot of the interleaved buffer (one strided copy per channel, converting on
-    the way): on the CPU this costs about what `to_uint8` alone does, where quantising and then interleaving with
-    `permute(...).contiguous()` costs ~2x."""
-    if images.dtype == torch.uint8 and images.permute(0, 2, 3, 1).is_contiguous():
-        return images
+    Pixels stored channels-last already (a VAE decode often returns them so) keep their layout through `to_uint8`.
+    Others have each channel rounded into its slot of the interleaved buffer (one strided copy per channel,
+    converting on the way): on the CPU this costs about what `to_uint8` alone does, where quantising and then
+    interleaving with `permute(...).contiguous()` costs ~2x."""
+    if images.permute(0, 2, 3, 1).is_contiguous():
+        return images if images.dtype == torch.uint8 else to_uint8(images)
     batch, channels, height, width = images.shape
     out = torch.empty((batch, height, width, channels), dtype=torch.uint8, device=images.device)
     source = images.detach()

@@ -91,6 +91,9 @@ def test_channels_last_quantisation_holds_round_255x_in_an_interleaved_buffer() 
     assert out.permute(0, 2, 3, 1).is_contiguous()
     assert out.flatten().tolist() == by_hand
     assert torch.equal(out, to_uint8(images))
+    stored_last = images.contiguous(memory_format=torch.channels_last)  # a decode's layout: kept
+    kept = base.to_uint8_channels_last(stored_last)
+    assert kept.permute(0, 2, 3, 1).is_contiguous() and kept.flatten().tolist() == by_hand
     interleaved = random_pixels(2, 4, seed=1)  # channels-last already: returned as is
     assert base.to_uint8_channels_last(interleaved) is interleaved
     planar = interleaved.contiguous()
