@@ -307,6 +307,32 @@ def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
     return torch.clamp(torch.round(x / scale) + zero, 0, 255), scale, zero
 
 
+def _int8_weight_scale(w: torch.Tensor) -> torch.Tensor:
+    """Per output channel: max |W_row| / 127 (symmetric int8)."""
+    return (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+
+
+def _int8_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`round(W / scale)` per output channel, clamped to +-127 (float, for the emulated arithmetic)."""
+    return torch.round(w / scale[:, None]).clamp(-127, 127)
+
+
+def _int8_kernel_pack(w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+    """W quantized per output channel with `scale` and packed for torch's dynamic int8 linear kernel (CPU)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch marks its quantized tensor creation as deprecated
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        q = torch.quantize_per_channel(w.cpu(), scale.double().cpu(), zero, 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, bias)
+
+
+def _int8_emulated(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic without it: x quantized per call (`quantize_activation`), int8 weights `q_w`
+    (`_int8_weight`), products rescaled; no bias."""
+    q_x, x_scale, zero = quantize_activation(x)
+    return ((q_x - zero) @ q_w.t()) * (x_scale * w_scale[None, :])
+
+
 class Int8DynamicLinear(_RepackingLinear):
     """y = x W^T + b with W quantized to int8 per output channel (symmetric, scale max|W_row| / 127) and x to uint8
     per call (`quantize_activation`): the CPU quantized engine's dynamic linear kernel, or the same arithmetic
@@ -314,16 +340,11 @@ class Int8DynamicLinear(_RepackingLinear):
 
     def _pack(self):
         w = self.weight.float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+        scale = _int8_weight_scale(w)
         if _kernel_available():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch marks its quantized tensor creation as deprecated
-                zero = torch.zeros(w.shape[0], dtype=torch.long)
-                q = torch.quantize_per_channel(w.cpu(), scale.double().cpu(), zero, 0, torch.qint8)
-                bias = None if self.bias is None else self.bias.float().cpu()
-                return ("kernel", torch.ops.quantized.linear_prepack(q, bias))
-        q = torch.round(w / scale[:, None]).clamp(-127, 127)
-        return ("emulated", (q, scale))
+            bias = None if self.bias is None else self.bias.float().cpu()
+            return ("kernel", _int8_kernel_pack(w, scale, bias))
+        return ("emulated", (_int8_weight(w, scale), scale))
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         kind, packed = self.packed()
@@ -331,9 +352,7 @@ class Int8DynamicLinear(_RepackingLinear):
         if kind == "kernel":
             out = torch.ops.quantized.linear_dynamic(flat, packed, False)
         else:
-            q_w, w_scale = packed
-            q_x, x_scale, zero = quantize_activation(flat)
-            out = ((q_x - zero) @ q_w.t()) * (x_scale * w_scale[None, :])
+            out = _int8_emulated(flat, *packed)
             if self.bias is not None:
                 out = out + self.bias.float()
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -348,16 +367,12 @@ def _kernel_available() -> bool:
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(16, 64, generator=generator)
     x = torch.randn(4, 64, generator=generator) * 2 + 0.3
-    scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+    scale = _int8_weight_scale(weight)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            q = torch.quantize_per_channel(weight, scale.double(), torch.zeros(16).long(), 0, torch.qint8)
-            out = torch.ops.quantized.linear_dynamic(x, torch.ops.quantized.linear_prepack(q, None), False)
+        out = torch.ops.quantized.linear_dynamic(x, _int8_kernel_pack(weight, scale, None), False)
     except Exception:
         return False
-    q_x, x_scale, zero = quantize_activation(x)
-    formula = ((q_x - zero) @ torch.round(weight / scale[:, None]).clamp(-127, 127).t()) * (x_scale * scale)
+    formula = _int8_emulated(x, _int8_weight(weight, scale), scale)
     return bool(torch.allclose(out, formula, rtol=1e-4, atol=1e-4))
 
 
