@@ -297,14 +297,14 @@ def _declared_length(request: Request, limit: int) -> None:
         raise Refusal(413, f"the body declares {int(declared)} bytes, more than the limit of {limit} bytes.")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) one that declares or turns out to be over `limit` bytes."""
+async def _read_body(request: Request, limit: int, limit_name: str = "limits.max_payload_bytes") -> bytes:
+    """The whole body, refusing (413) one that declares or turns out to be over `limit` bytes (`limit_name`)."""
     _declared_length(request, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise Refusal(413, f"the body is larger than limits.max_payload_bytes = {limit} bytes.")
+            raise Refusal(413, f"the body is larger than {limit_name} = {limit} bytes.")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -317,7 +317,7 @@ async def _read_form(request: Request) -> dict[str, str]:
         _declared_length(request, FORM_LIMIT)
         form = await request.form(max_files=0, max_fields=FORM_FIELDS)
         return {key: value for key, value in form.items() if isinstance(value, str)}
-    body = await _read_body(request, FORM_LIMIT)
+    body = await _read_body(request, FORM_LIMIT, "the form limit")
     try:  # as Starlette reads a form: bytes as latin-1, percent-escapes as UTF-8
         pairs = urllib.parse.parse_qsl(
             body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS

@@ -154,7 +154,12 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """Float pixels in [0, 1] -> uint8 by `round(255 x)`, clamped; same layout and device. The one quantisation
     of the project: the reward service's client sends these values, and in-process rewards that judge pixels
     (the shapes judge) see the same ones, so scores agree exactly both ways."""
-    return images.detach().mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+    return _rounded_255(images).to(torch.uint8)
+
+
+def _rounded_255(images: torch.Tensor) -> torch.Tensor:
+    """`round(255 x)` clamped to [0, 255], still in the input's float dtype and layout (exact integers)."""
+    return images.detach().mul(255.0).round_().clamp_(0, 255)
 
 
 def to_uint8_channels_last(images: torch.Tensor) -> torch.Tensor:
@@ -171,9 +176,8 @@ def to_uint8_channels_last(images: torch.Tensor) -> torch.Tensor:
         return images if images.dtype == torch.uint8 else to_uint8(images)
     batch, channels, height, width = images.shape
     out = torch.empty((batch, height, width, channels), dtype=torch.uint8, device=images.device)
-    source = images.detach()
-    if source.dtype != torch.uint8:
-        source = source.mul(255.0).round_().clamp_(0, 255)  # to_uint8's arithmetic; the copy converts exactly
+    # float pixels are rounded first, so the copy into the uint8 buffer converts exact integers
+    source = images.detach() if images.dtype == torch.uint8 else _rounded_255(images)
     for channel in range(channels):
         out[..., channel].copy_(source[:, channel])
     return out.permute(0, 3, 1, 2)
