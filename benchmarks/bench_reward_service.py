@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from _common import environment
 
-from reward_service.benchmark import free_port, start_service
+from reward_service.benchmark import free_port, start_service, wait_answering
 from sanarl.config.schema import RemoteRewardConfig, RewardFnConfig
 from sanarl.rewards.combine import RewardFunction
 from sanarl.rewards.remote import RemoteRewardFunction, RemoteTask, _request
@@ -98,14 +98,8 @@ def _start_bare() -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(port)], env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        if process.poll() is not None:
-            raise RuntimeError(f"the bare HTTP server exited with {process.returncode}")
-        if _request(url, b"", {}, 5.0).status == 200:
-            return process, url
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("the bare HTTP server did not answer within 30 s")
+    wait_answering(process, url, "the bare HTTP server", 30.0)
+    return process, url
 
 
 def _one_bare(url: str, body: bytes) -> float:

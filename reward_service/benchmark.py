@@ -64,19 +64,26 @@ def start_service(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "reward_service.cli", "--config", str(config)], env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    wait_answering(process, f"{url}/health", "the service", 180.0)
+    return process, url
+
+
+def wait_answering(process: subprocess.Popen, url: str, what: str, seconds: float) -> None:
+    """Return once GET `url` answers 200; RuntimeError naming `what` when `process` exits first, or (the process
+    killed) when `seconds` pass."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the service exited with {process.returncode}")
+            raise RuntimeError(f"{what} exited with {process.returncode}")
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
-                    return process, url
+                    return
         except OSError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.1)
     process.kill()
-    raise RuntimeError("the service did not become healthy within 180 s")
+    raise RuntimeError(f"{what} did not answer {url} within {seconds:g} s")
 
 
 def latency(
