@@ -56,15 +56,28 @@ class _Request:
 
     uuid: str
     request: EnqueueRequest | None  # dropped once every reward has answered (the pixels are not needed again)
-    digest: str
+    digests: BodyDigests | None  # the body's, until the scoring thread has taken its request digest
     created: float  # time.monotonic() of the enqueue
     request_id: str
+    digest: str = ""  # what a repeated request id is compared with (`body_digest`)
     answers: dict[str, Answer] = field(default_factory=dict)
     waiters: dict[str, set[asyncio.Future]] = field(default_factory=lambda: collections.defaultdict(set))
 
     @property
     def names(self) -> list[str]:
         return list(self.request.rewards) if self.request is not None else list(self.answers)
+
+    def body_digest(self) -> str:
+        """The request digest of the body (`BodyDigests.request`), hashed here if the scoring thread has not yet."""
+        digests = self.digests  # read once: the scoring thread sets `digest` first, then clears `digests`
+        return self.digest if digests is None else digests.request
+
+    def keep_digest(self) -> None:
+        """Hash the request digest and let go of the body (scoring thread, after the batch is handed back)."""
+        digests = self.digests
+        if digests is not None:
+            self.digest = digests.request
+            self.digests = None
 
 
 class InlineBroker:
@@ -135,11 +148,11 @@ class InlineBroker:
         self._expire()
         if request.request_id and request.request_id in self._request_ids:
             existing = self._request_ids[request.request_id]
-            if self._requests[existing].digest != digests.request:
+            if self._requests[existing].body_digest() != digests.request:
                 raise RequestIdConflict(existing)
             return existing
         self._check_room(request)
-        entry = _Request(str(uuidlib.uuid4()), request, "", time.monotonic(), request.request_id or "")
+        entry = _Request(str(uuidlib.uuid4()), request, digests, time.monotonic(), request.request_id or "")
         self._requests[entry.uuid] = entry
         if request.request_id:
             self._request_ids[request.request_id] = entry.uuid
@@ -148,10 +161,15 @@ class InlineBroker:
                 self._queues[name].append(entry.uuid)
             self._pending += len(request.rewards)
             self._queued_bytes += len(request.npy)
-            self._wake.notify()
-        # hashed once the scoring thread is awake: hashlib lets go of the GIL, so this runs beside the scoring
-        entry.digest = digests.request
+        asyncio.get_running_loop().call_soon(self._notify)
         return entry.uuid
+
+    def _notify(self) -> None:
+        """Wake the scoring thread. Called on the loop's next step, once the enqueue answer is written: woken
+        earlier, the thread would contend with the endpoint for the GIL and start no sooner (docs/results.md,
+        "Reward service")."""
+        with self._wake:
+            self._wake.notify()
 
     async def pull(self, task_uuid: str, reward: str, wait_s: float) -> Answer:
         """The answer now, waiting up to `wait_s` (capped by limits.max_pull_wait_s) while the task is pending."""
@@ -168,6 +186,7 @@ class InlineBroker:
             age = time.monotonic() - entry.created
             if age > self.limits.task_deadline_s:
                 self._settle(entry, reward, _failed(ident, deadline_error(reward, self.limits, age)))
+                entry.keep_digest()  # the scoring thread may never take this request now
                 break
             left = until - loop.time()
             if left <= 0:
@@ -323,6 +342,8 @@ class InlineBroker:
             answers.append((entry, answer, timing))
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._deliver, name, answers)
+        for entry, _ in taken:  # off the request's path: hashlib lets go of the GIL while the loop answers
+            entry.keep_digest()
 
     def _deliver(self, name: str, answers: list[tuple[_Request, Answer, tuple[float, float] | None]]) -> None:
         """Settle a scored batch on the event loop; /health's latency counts the results kept (a task its

@@ -183,6 +183,8 @@ def test_enqueue_is_idempotent_by_request_id(svc):
     assert answer["scores"]["pid"] == [float(svc.a.process.pid)] * 2
     assert scored(svc) == before_scored + 1  # scored once
     assert enqueue_ok(svc.a, data) == first  # a retry after the result still gets the same uuid
+    status, answer = svc.a.enqueue(same_pixels)  # checked against the digest kept once the pixels are dropped
+    assert status == 409 and answer["uuid"] == first
     assert figures(svc)["pending"] == before_pending and scored(svc) == before_scored + 1
 
 
