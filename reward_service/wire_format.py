@@ -17,6 +17,7 @@ Problems raise `PayloadError` with the HTTP status (413 too large, 422 malformed
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -37,6 +38,11 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 """Accepted client request ids (a UUID fits)."""
 MAX_NDIM_DIM = 1 << 20
 """No single array dimension may exceed this (guards the byte-count product against absurd headers)."""
+SAVED_UINT8_HEADER = re.compile(
+    rb"\x93NUMPY\x01\x00..\{'descr': '\|u1', 'fortran_order': False, 'shape': \(([0-9, ]{1,96})\), \}",
+    re.DOTALL,
+)
+"""The start of the npy header `np.save` writes for a C-order uint8 array; `_saved_shape` checks the rest."""
 FRAME_OPTIONS = ("video_frame_stride", "video_frame_reduction")
 """Per-reward video options a `reward_fn` object may carry (defaults: the service's `[[reward_args]]`)."""
 
@@ -125,6 +131,46 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
 
 def _parse_npy_header(npy: bytes) -> tuple[int, ...]:
     """Shape of a uint8 npy whose data is exactly `prod(shape)` bytes; reads the header only (no pickle)."""
+    saved = _saved_shape(npy)
+    if saved is not None:  # the header np.save writes for a C-order uint8 array: nothing else to check in it
+        shape, dtype, offset = saved, np.dtype(np.uint8), len(_npy_header(saved))
+    else:
+        shape, dtype, offset = _read_npy_header(npy)
+    if dtype.hasobject:
+        raise PayloadError(
+            f"the .npy array has dtype {dtype} (Python objects, stored with pickle); the service never unpickles. "
+            "Send uint8 pixels."
+        )
+    if dtype != np.dtype(np.uint8):
+        raise PayloadError(
+            f"the .npy array has dtype {dtype}; send uint8 pixels (round(255 * x) of [0, 1] images)."
+        )
+    if any(not isinstance(d, int) or d < 0 or d > MAX_NDIM_DIM for d in shape):
+        raise PayloadError(f"the .npy array has an invalid shape {shape}.")
+    expected = math.prod(shape)
+    data_bytes = len(npy) - offset
+    if data_bytes != expected:
+        what = "truncated" if data_bytes < expected else "followed by extra bytes"
+        raise PayloadError(
+            f"the .npy data is {what}: shape {tuple(shape)} needs {expected} bytes, the body holds {data_bytes}."
+        )
+    return tuple(int(d) for d in shape)
+
+
+def _saved_shape(npy: bytes) -> tuple[int, ...] | None:
+    """The shape of an npy that starts with exactly the header `np.save` writes for a C-order uint8 array of that
+    shape (format 1.0, what clients send), else None (then numpy's parser reads it: `_read_npy_header`)."""
+    match = SAVED_UINT8_HEADER.match(npy)
+    if match is None:
+        return None
+    shape = tuple(int(d) for d in match[1].split(b",") if d.strip())
+    if any(d > MAX_NDIM_DIM for d in shape) or not npy.startswith(_npy_header(shape)):
+        return None
+    return shape
+
+
+def _read_npy_header(npy: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of any npy header numpy reads (format 1.0 or 2.0); PayloadError otherwise."""
     stream = io.BytesIO(npy)
     try:
         version = np.lib.format.read_magic(stream)
@@ -143,25 +189,7 @@ def _parse_npy_header(npy: bytes) -> tuple[int, ...]:
             f"the bytes after the newline are not a valid .npy array ({type(exc).__name__}: {exc}); write them "
             "with np.save(buffer, array, allow_pickle=False)."
         ) from None
-    if dtype.hasobject:
-        raise PayloadError(
-            f"the .npy array has dtype {dtype} (Python objects, stored with pickle); the service never unpickles. "
-            "Send uint8 pixels."
-        )
-    if dtype != np.dtype(np.uint8):
-        raise PayloadError(
-            f"the .npy array has dtype {dtype}; send uint8 pixels (round(255 * x) of [0, 1] images)."
-        )
-    if any(not isinstance(d, int) or d < 0 or d > MAX_NDIM_DIM for d in shape):
-        raise PayloadError(f"the .npy array has an invalid shape {shape}.")
-    expected = math.prod(shape)
-    data_bytes = len(npy) - stream.tell()
-    if data_bytes != expected:
-        what = "truncated" if data_bytes < expected else "followed by extra bytes"
-        raise PayloadError(
-            f"the .npy data is {what}: shape {tuple(shape)} needs {expected} bytes, the body holds {data_bytes}."
-        )
-    return tuple(int(d) for d in shape)
+    return shape, dtype, stream.tell()
 
 
 def _media_type(data: Mapping[str, Any], shape: tuple[int, ...]) -> str:
@@ -306,6 +334,7 @@ def decode_array(npy: bytes, shape: list[int] | tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+@functools.lru_cache(maxsize=256)
 def _npy_header(shape: tuple[int, ...]) -> bytes:
     """The header `np.save` writes for a C-order uint8 array of `shape` (format 1.0)."""
     buffer = io.BytesIO()

@@ -495,7 +495,7 @@ class RemoteRewardFunction:
             self.config,
             scored,
             source=f"reward service task {task.uuid}: ",
-            unscored=task.bad,
+            unscored=task.bad if bool(task.bad.any()) else None,  # None: no NaN mask to apply
             error=RemoteRewardError,
         )
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from service_helpers import require_redis
 
+from reward_service import wire_format
 from reward_service.batch_scoring import Task, score_tasks
 from reward_service.cli import main as cli_main
 from reward_service.config import loads_service_config, mask_url, token_bits
@@ -210,6 +211,26 @@ def test_parse_reads_npy_header_only_and_never_loads_objects():
     body = json.dumps(good_header(1)).encode() + b"\n" + npy(np.array([object()], dtype=object), True)
     error = refused(body)
     assert "pickle" in str(error) and error.status == 422
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 3), (8, 64, 64, 3), (24, 64, 64, 3), (2, 3, 4, 8, 8), (3,)])
+def test_npy_headers_np_save_writes_parse_as_numpy_reads_them(shape):
+    """The header np.save writes is read without numpy's parser; the shape is the one np.load reads, and any other
+    header numpy accepts (other key order, spacing, format 2.0) still parses through numpy's own reader."""
+    array = np.zeros(shape, np.uint8)
+    saved = npy(array)
+    assert wire_format._saved_shape(saved) == np.load(io.BytesIO(saved)).shape == shape
+    text = f"{{'shape': {shape}, 'fortran_order': False,  'descr': '|u1'}}"
+    padded = text + " " * (-(len(text) + 11) % 64) + "\n"
+    for version in (b"\x01\x00", b"\x02\x00"):
+        size = len(padded).to_bytes(2 if version == b"\x01\x00" else 4, "little")
+        other = b"\x93NUMPY" + version + size + padded.encode() + array.tobytes()
+        assert np.load(io.BytesIO(other)).shape == shape and wire_format._saved_shape(other) is None
+        body = json.dumps(good_header(shape[0])).encode() + b"\n" + other
+        if len(shape) in (4, 5) and (len(shape) == 5 or shape[3] == 3) and shape[0] <= LIMITS["max_images"]:
+            assert parse_enqueue(body, known_rewards=None, **LIMITS).header["shape"] == list(shape)
+    tampered = saved.replace(b"'|u1'", b"'<u2'", 1)  # same length, another dtype: never the fast path
+    assert wire_format._saved_shape(tampered) is None
 
 
 SEED_BODY = encode_body(good_header(2, metadata=[{"x": 1}, {"y": [1, 2]}]), pixels(2, 4))
