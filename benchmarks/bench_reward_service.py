@@ -7,7 +7,8 @@ Two real `sanarl-reward` services on 127.0.0.1 score the same float batch `[B, 3
 in this process: `workers` (the default design: embedded redis-server, one worker process) and `inline` (`[workers]
 inline = true`: the API process scores, no Redis, no worker process; `--designs` picks). In-process scoring and
 one request to each service alternate after a warm-up (so background load hits all alike) and medians are printed
-per design: in-process ms, remote ms, their difference (the overhead of the hop) and ratio, and inline / workers.
+per design: in-process ms, remote ms, their difference (the overhead of the hop) and ratio, the quartiles of the
+per-request difference (each request against the in-process call just before it), and inline / workers.
 The hop is then split, per request, into the client's input checks and body encoding (`request_body`, what
 `submit` does before it sends), the enqueue round trip, the pull round trip
 (which waits for the worker) and the worker's own scoring time (the result's `duration`); the HTTP floor is a
@@ -152,6 +153,16 @@ def measure(
     return samples
 
 
+def paired_overhead(stages: dict[str, list[float]]) -> tuple[float, float, float]:
+    """Quartiles (ms) of remote - in-process taken per repeat: each request against the in-process call just
+    before it, so load that drifts between repeats cancels (the difference of medians above does not pair them)."""
+    differences = [1000 * (r - i) for r, i in zip(stages["remote"], stages["in-process"], strict=True)]
+    if len(differences) < 2:
+        return (differences[0],) * 3
+    low, mid, high = statistics.quantiles(differences, n=4)
+    return low, mid, high
+
+
 def report(samples: dict[str, dict[str, list[float]]], images: int, size: int) -> None:
     ms = {
         design: {key: 1000 * statistics.median(values) for key, values in stages.items()}
@@ -168,6 +179,10 @@ def report(samples: dict[str, dict[str, list[float]]], images: int, size: int) -
         print(f"  {design}: ratio remote / in-process = {row['remote'] / row['in-process']:.3f}")
         beyond = row["remote"] - row["in-process"] - row[BARE]
         print(f"  {design}: overhead beyond the bare app's two exchanges ms = {beyond:.2f}")
+        low, mid, high = paired_overhead(samples[design])
+        print(
+            f"  {design}: overhead per request, paired ms (p25 / p50 / p75) = {low:.2f} / {mid:.2f} / {high:.2f}"
+        )
     if len(ms) == 2:
         a, b = ms["inline"], ms["workers"]
         print(f"  inline / workers remote ms = {a['remote'] / b['remote']:.3f}")

@@ -141,6 +141,7 @@ BENCHES = [
             "ping (HTTP floor)",
             "bare app: both exchanges",
             "inline: overhead beyond the bare app's two exchanges ms =",
+            "inline: overhead per request, paired ms (p25 / p50 / p75) =",
         ),
     ),
     Bench(
