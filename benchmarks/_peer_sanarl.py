@@ -53,9 +53,12 @@ def overrides(pair: str, work: Work, model: Path, prompts: Path, out: Path) -> l
 
 
 class SanarlSide(Side):
-    """The Runner over the task `sanarl.api.train` builds for the pair's preset (dry run: loaded, not trained)."""
+    """The Runner over the task `sanarl.api.train` builds for the pair's preset (dry run: loaded, not trained);
+    `extra`: more `KEY=VALUE` overrides after the pair's own (e.g. `train.compile=true`)."""
 
-    def __init__(self, pair: str, work: Work, model: Path, prompts: Path, out: Path) -> None:
+    def __init__(
+        self, pair: str, work: Work, model: Path, prompts: Path, out: Path, extra: tuple[str, ...] = ()
+    ) -> None:
         import torch
         from accelerate import Accelerator
 
@@ -66,7 +69,8 @@ class SanarlSide(Side):
 
         self.name, self.patched, self.work = "sanarl", [], work
         self.metrics: list[dict[str, float]] = []
-        loaded = load_config(resolve_preset_path(PRESETS[pair]), overrides(pair, work, model, prompts, out))
+        settings = overrides(pair, work, model, prompts, out) + list(extra)  # `--sanarl-set`, last: they win
+        loaded = load_config(resolve_preset_path(PRESETS[pair]), settings)
         loaded.config.train.train_policy.remote_reward.reward_fns[0].name = "jpeg_compressibility"
         task = api.train(loaded, "sanarl.datasets.diffusion_nft", dry_run=True).task
         self.runner = Runner(loaded.config, task, Accelerator(cpu=not torch.cuda.is_available()), out)

@@ -22,10 +22,14 @@ iteration; wall = the iteration's wall-clock time. Peak memory: each
 side again in a fresh process, one warm-up iteration, then the peak RSS of one iteration above the resident size
 before it (the method of scripts/measure_capacity.py; `--no-memory` skips it).
 
+`--sanarl-set KEY=VALUE` (repeatable) adds an override to sanarl's side after the pair's own, to measure an opt-in
+switch against the same reference loop (e.g. `train.compile=true`: inductor on the trained forward, which moves
+the numbers at rounding level); the report names it.
+
     python benchmarks/bench_references.py [--flow-grpo DIR] [--diffusion-nft DIR] [--flow-factory DIR]
         [--pairs grpo,nft,ff-grpo,ff-nft]
         [--prompts 2 --group 4 --steps 6 --size 64 --batch 4 --micro 4 --window 2 --rank 32]
-        [--repeats 5 --warmup 1 --threads 1 --no-memory]
+        [--repeats 5 --warmup 1 --threads 1 --no-memory] [--sanarl-set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -66,6 +70,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    parser.add_argument(
+        "--sanarl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override of sanarl's preset (repeatable), e.g. train.compile=true for the opt-in compile",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # "<pair>:<side>": one memory measurement
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
@@ -93,6 +104,7 @@ def check(args: argparse.Namespace) -> list[str]:
     ):
         if folder is not None and not (folder / need).is_file():
             fail(f"{flag} {folder}: no {need} there; pass the root of that repository's checkout.")
+    check_sanarl_settings(args.sanarl_set, pairs)
     if args.samples % args.batch or args.samples % args.micro:
         fail(f"--batch {args.batch} and --micro {args.micro} must divide the {args.samples} samples.")
     grpo = [p for p in pairs if p.endswith("grpo")]
@@ -107,6 +119,24 @@ def check(args: argparse.Namespace) -> list[str]:
     if grpo and args.window >= args.steps:
         fail(f"--window {args.window} must be below --steps {args.steps}.")
     return pairs
+
+
+def check_sanarl_settings(settings: list[str], pairs: list[str]) -> None:
+    """`--sanarl-set` overrides read against each pair's preset as `sanarl --set` reads them (exit code 2 naming
+    the key when one is malformed or unknown)."""
+    if not settings:
+        return
+    from _peer_sanarl import PRESETS
+
+    from sanarl.config.presets import resolve_preset_path
+    from sanarl.errors import ConfigError
+    from sanarl.methods.config_loading import load_config
+
+    for preset in sorted({PRESETS[pair] for pair in pairs}):
+        try:
+            load_config(resolve_preset_path(preset), settings)
+        except ConfigError as exc:
+            fail(f"--sanarl-set: {exc}")
 
 
 def check_flow_grpo(args: argparse.Namespace) -> None:
@@ -150,7 +180,7 @@ def _build_side(pair: str, side: str, work: Work, args: argparse.Namespace, scra
 
         prompts = scratch / "prompts.txt"
         prompts.write_text("\n".join(work.prompt_list()) + "\n")
-        return SanarlSide(pair, work, model, prompts, scratch / f"out-{pair}")
+        return SanarlSide(pair, work, model, prompts, scratch / f"out-{pair}", tuple(args.sanarl_set))
     if pair == "grpo":
         from _peer_flow_grpo import FlowGrpoSide
 
@@ -180,6 +210,7 @@ def time_pair(sides: list[Side], args: argparse.Namespace) -> dict[str, dict[str
 def child_argv(args: argparse.Namespace, pair: str, side: str, work: Work, scratch: Path) -> list[str]:
     argv = ["--child", f"{pair}:{side}", "--work", work.to_json(), "--scratch", str(scratch)]
     argv += ["--threads", str(args.threads or 1)]
+    argv += [f"--sanarl-set={setting}" for setting in args.sanarl_set]
     for flag, folder in (
         ("--flow-grpo", args.flow_grpo),
         ("--diffusion-nft", args.diffusion_nft),
@@ -190,9 +221,11 @@ def child_argv(args: argparse.Namespace, pair: str, side: str, work: Work, scrat
     return argv
 
 
-def report(pair: str, times: dict, memory: dict, patched: list[str], work: Work) -> None:
+def report(pair: str, times: dict, memory: dict, patched: list[str], work: Work, extra: list[str]) -> None:
     ref = REFERENCE[pair]
     print(f"\n== pair {pair}: sanarl {'sd35m-' + pair.removeprefix('ff-')} vs {ref} ==")
+    if extra:
+        print("sanarl's preset also set: " + ", ".join(extra))
     print(
         f"work: {work.prompts} prompts x {work.group}, {work.steps} steps, {work.size} px, sample batch "
         f"{work.batch}, micro-batch {work.micro}, {work.updates} optimizer step(s), LoRA r {work.rank}"
@@ -228,7 +261,7 @@ def run_pair(pair: str, args: argparse.Namespace, scratch: Path) -> None:
         for name in names:
             side = "sanarl" if name == "sanarl" else "reference"
             memory[name] = peak_memory(child_argv(args, pair, side, work, scratch))["peak"]
-    report(pair, times, memory, [] if len(sides) == 1 else sides[1].patched, work)
+    report(pair, times, memory, [] if len(sides) == 1 else sides[1].patched, work, args.sanarl_set)
 
 
 def run_child(args: argparse.Namespace) -> int:

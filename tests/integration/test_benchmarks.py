@@ -113,9 +113,12 @@ BENCHES = [
             "0",
             "--pairs",
             "grpo,nft,ff-nft",
+            "--sanarl-set",
+            "train.optm_lr=2e-4",
         ),  # fmt: skip
         (
             "== pair grpo: sanarl sd35m-grpo vs flow_grpo ==",
+            "sanarl's preset also set: train.optm_lr=2e-4",
             "== pair nft: sanarl sd35m-nft vs DiffusionNFT ==",
             "== pair ff-nft: sanarl sd35m-nft vs Flow-Factory ==",
             "sanarl       rollout",
@@ -208,6 +211,10 @@ def test_benchmark_runs_and_prints_its_result(bench: Bench, tmp_path: Path):
             "the grpo pair with --flow-grpo needs --micro 1 = --batch 2 and a multiple of 2 sampling batches "
             "(here 1)",
         ),
+        (
+            ("--pairs", "nft", "--sanarl-set", "train.compil=true"),
+            "--sanarl-set: unknown key `train.compil` in --set `train.compil=true`; did you mean `train.compile`?",
+        ),
     ],
     ids=[
         "unknown pair",
@@ -215,6 +222,7 @@ def test_benchmark_runs_and_prints_its_result(bench: Bench, tmp_path: Path):
         "ff batch != micro",
         "not a flow_grpo checkout",
         "flow_grpo micro != batch",
+        "unknown sanarl key",
     ],
 )
 def test_bench_references_refuses_bad_arguments_before_loading(args, message, tmp_path: Path):
