@@ -296,7 +296,9 @@ class TrainConfig:
     param_dtype: Dtype = "float32"
     """Mixed precision of the trained model."""
     compile: bool = False
-    """torch.compile the training forward (and Sol-RL's rollout copies)."""
+    """torch.compile the trained transformer's forward: training's calls, and the rollout's when it samples with the
+    policy itself (Sol-RL's inference copies are compiled with `rollout.compile_mode`). Numbers move at rounding
+    level against eager."""
     max_num_steps: Annotated[int | None, AtLeast(1)] = None
     """Stop after this many optimizer steps (None = run all epochs)."""
     max_wall_minutes: Annotated[float | None, Above(0.0)] = None

@@ -42,7 +42,7 @@ class RunSettings:
     max_wall_minutes: float | None
     param_dtype: str
     compile: bool
-    """`train.compile`: torch.compile the training forward (and, for Sol-RL, the rollout copies)."""
+    """`train.compile`: torch.compile the trained transformer's forward (training's and the rollout's calls)."""
     lora: LoraConfig | None
     """`[policy.lora]`, None for a full fine-tune."""
     gradient_checkpointing: bool

@@ -102,8 +102,9 @@ class Runner:
         self.resume_path = plan.path
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
-        """`train.compile`: torch.compile the trained forward (mode "default"; the DDP / FSDP wrapper inside).
-        Rollout inference copies are compiled separately with `rollout.compile_mode`."""
+        """`train.compile`: torch.compile the trained forward (mode "default"; the DDP / FSDP wrapper inside), which
+        the rollout also calls when it samples with the policy itself. Rollout inference copies are compiled
+        separately with `rollout.compile_mode`."""
         if not self.cfg.train.compile:
             return module
         return torch.compile(module)
